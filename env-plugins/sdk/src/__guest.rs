@@ -1,0 +1,101 @@
+//! The component side: WIT bindings and the conversions between them and
+//! the SDK's plain types. Only compiled for wasm targets.
+
+use crate::types as t;
+use crate::{CheckedEnv, Environment};
+use std::cell::RefCell;
+
+wit_bindgen::generate!({
+    world: "env-plugin",
+    path: "../../wit",
+    pub_export_macro: true,
+    export_macro_name: "__export_env_plugin",
+    default_bindings_module: "ragen_env_sdk::__guest",
+    runtime_path: "ragen_env_sdk::__guest::rt",
+});
+
+#[doc(hidden)]
+pub use wit_bindgen::rt;
+
+use exports::ragen::env::environment as wit;
+use ragen::env::types as wt;
+
+/// The resource behind each WIT `env` handle. Resource methods take `&self`
+/// (the host may hold several borrows), so the env sits in a `RefCell`; the
+/// component model never re-enters an instance, so a borrow never overlaps.
+pub struct GuestEnv<E>(RefCell<CheckedEnv<E>>);
+
+pub fn info<E: Environment>() -> wit::PluginInfo {
+    let i = E::info();
+    wit::PluginInfo {
+        name: i.name,
+        version: i.version,
+        description: i.description,
+        multi_turn: i.multi_turn,
+        config_keys: i
+            .config_keys
+            .into_iter()
+            .map(|k| wt::ConfigKey { name: k.name, default_value: k.default_value, description: k.description })
+            .collect(),
+    }
+}
+
+fn error(e: t::EnvError) -> wt::EnvError {
+    let kind = match e.kind {
+        t::ErrorKind::UnknownKey => wt::ErrorKind::UnknownKey,
+        t::ErrorKind::BadValue => wt::ErrorKind::BadValue,
+        t::ErrorKind::BadAction => wt::ErrorKind::BadAction,
+        t::ErrorKind::NotStarted => wt::ErrorKind::NotStarted,
+        t::ErrorKind::EpisodeOver => wt::ErrorKind::EpisodeOver,
+        t::ErrorKind::Failed => wt::ErrorKind::Failed,
+    };
+    wt::EnvError { kind, message: e.message }
+}
+
+fn outcome(o: t::StepOutcome) -> wt::StepResult {
+    wt::StepResult {
+        observation: o.observation,
+        reward: o.reward,
+        done: o.done,
+        info: wt::StepInfo {
+            success: o.info.success,
+            action_is_valid: o.info.action_is_valid,
+            action_is_effective: o.info.action_is_effective,
+            metrics: o.info.metrics.into_iter().map(|m| wt::Metric { name: m.name, value: m.value }).collect(),
+        },
+    }
+}
+
+impl<E: Environment> wit::GuestEnv for GuestEnv<E> {
+    fn create(config: Vec<(String, String)>) -> Result<wit::Env, wt::EnvError> {
+        let env = CheckedEnv::<E>::create(&config).map_err(error)?;
+        Ok(wit::Env::new(GuestEnv(RefCell::new(env))))
+    }
+
+    fn spec(&self) -> wt::EnvSpec {
+        let s = self.0.borrow().spec();
+        wt::EnvSpec {
+            instructions: s.instructions,
+            legend: s.legend.into_iter().map(|l| wt::LegendEntry { symbol: l.symbol, meaning: l.meaning }).collect(),
+            actions: s.actions,
+            limits: wt::Limits {
+                max_actions_per_episode: s.limits.max_actions_per_episode,
+                max_actions_per_turn: s.limits.max_actions_per_turn,
+                max_turns: s.limits.max_turns,
+                max_steps: s.limits.max_steps,
+            },
+        }
+    }
+
+    fn reset(&self, seed: u64) -> Result<String, wt::EnvError> {
+        self.0.borrow_mut().reset(seed).map_err(error)
+    }
+
+    fn step(&self, action: u32) -> Result<wt::StepResult, wt::EnvError> {
+        self.0.borrow_mut().step(action).map(outcome).map_err(error)
+    }
+
+    fn render(&self) -> String {
+        self.0.borrow().render()
+    }
+}

@@ -1,0 +1,88 @@
+//! The contract's episode rules, enforced once for every Rust environment.
+
+use crate::{Config, EnvError, EnvSpec, Environment, ErrorKind, StepOutcome};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Created, never reset.
+    NotStarted,
+    Running,
+    /// The last step returned `done`.
+    Over,
+}
+
+/// An [`Environment`] behind the WIT contract's rules: configuration checked
+/// against the declared keys, `step` refused before `reset` and after `done`,
+/// action ids checked against the action list.
+///
+/// The component export uses this, and so should native callers (tests, the
+/// host's native baseline), so both see exactly what the host sees.
+#[derive(Debug)]
+pub struct CheckedEnv<E> {
+    env: E,
+    num_actions: u32,
+    phase: Phase,
+}
+
+impl<E: Environment> CheckedEnv<E> {
+    /// Create from key/value settings, as the WIT `create` does.
+    pub fn create(settings: &[(String, String)]) -> Result<Self, EnvError> {
+        let config = Config::resolve(&E::info().config_keys, settings)?;
+        let env = E::new(&config)?;
+        let num_actions = env.spec().actions.len() as u32;
+        Ok(Self { env, num_actions, phase: Phase::NotStarted })
+    }
+
+    /// Create from `(key, value)` string pairs; a convenience for tests.
+    pub fn with(settings: &[(&str, &str)]) -> Result<Self, EnvError> {
+        let owned: Vec<(String, String)> = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Self::create(&owned)
+    }
+
+    pub fn spec(&self) -> EnvSpec {
+        self.env.spec()
+    }
+
+    pub fn reset(&mut self, seed: u64) -> Result<String, EnvError> {
+        // A failed reset leaves no episode to step.
+        self.phase = Phase::NotStarted;
+        let obs = self.env.reset(seed)?;
+        self.phase = Phase::Running;
+        Ok(obs)
+    }
+
+    pub fn step(&mut self, action: u32) -> Result<StepOutcome, EnvError> {
+        match self.phase {
+            Phase::NotStarted => {
+                return Err(EnvError::new(ErrorKind::NotStarted, "step called before reset; call reset(seed) first"));
+            }
+            Phase::Over => {
+                return Err(EnvError::new(
+                    ErrorKind::EpisodeOver,
+                    "step called after the episode ended (done); call reset(seed) to start a new one",
+                ));
+            }
+            Phase::Running => {}
+        }
+        if action >= self.num_actions {
+            return Err(EnvError::new(
+                ErrorKind::BadAction,
+                format!("action id {action} is out of range; this env has {} actions (ids 0..{})", self.num_actions, self.num_actions),
+            ));
+        }
+        let outcome = self.env.step(action);
+        if outcome.done {
+            self.phase = Phase::Over;
+        }
+        Ok(outcome)
+    }
+
+    pub fn render(&self) -> String {
+        self.env.render()
+    }
+
+    /// The environment itself, for white-box tests and solvers.
+    pub fn inner(&self) -> &E {
+        &self.env
+    }
+}

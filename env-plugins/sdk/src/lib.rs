@@ -1,0 +1,86 @@
+//! The Rust authoring kit for ragen-rs environment plugins.
+//!
+//! Write an environment as a plain Rust type implementing [`Environment`],
+//! then export it as a WebAssembly component with one line:
+//!
+//! ```ignore
+//! ragen_env_sdk::export_env!(MyEnv);
+//! ```
+//!
+//! and build with `cargo build --target wasm32-wasip2 --profile plugin`.
+//! The same code compiles natively (the macro expands to nothing off wasm),
+//! so unit tests and the host's native benchmark baseline run the exact code
+//! the plugin runs. Contract rules that every environment shares (unknown
+//! config keys, action ids out of range, `step` before `reset` or after the
+//! episode ended) are enforced once, in [`CheckedEnv`], not by each env.
+
+pub mod config;
+pub mod rng;
+pub mod types;
+
+mod checked;
+
+pub use checked::CheckedEnv;
+pub use config::Config;
+pub use rng::SeedRng;
+pub use types::*;
+
+/// An environment, written as plain Rust.
+///
+/// The SDK calls these through [`CheckedEnv`], which guarantees that `step`
+/// is only called after `reset`, never after the episode has ended, and only
+/// with an action id that is in `spec().actions`.
+pub trait Environment: Sized + 'static {
+    /// Describe the plugin: name, version, description, config keys.
+    fn info() -> PluginInfo;
+
+    /// Build an env from its configuration (every declared key resolved to
+    /// a value; unknown keys were already rejected). Invalid values are
+    /// errors that name the key, e.g. via [`Config::int_in`].
+    fn new(config: &Config) -> Result<Self, EnvError>;
+
+    /// The agent-facing description under this configuration.
+    fn spec(&self) -> EnvSpec;
+
+    /// Start an episode from `seed`; returns the first observation.
+    fn reset(&mut self, seed: u64) -> Result<String, EnvError>;
+
+    /// Apply one valid action id to a running episode.
+    fn step(&mut self, action: u32) -> StepOutcome;
+
+    /// The current state as text.
+    fn render(&self) -> String;
+}
+
+#[cfg(target_arch = "wasm32")]
+#[doc(hidden)]
+pub mod __guest;
+
+// Lets the generated bindings (which name this crate by its path) resolve
+// from inside the crate itself as well as from plugins.
+extern crate self as ragen_env_sdk;
+
+/// Export an [`Environment`] as the plugin's component.
+///
+/// Put it once at the crate root of a `cdylib`. On non-wasm targets it
+/// expands to nothing, so the crate still builds and tests natively.
+#[macro_export]
+macro_rules! export_env {
+    ($env:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        pub struct __RagenEnvPlugin;
+
+        #[cfg(target_arch = "wasm32")]
+        impl $crate::__guest::exports::ragen::env::environment::Guest for __RagenEnvPlugin {
+            type Env = $crate::__guest::GuestEnv<$env>;
+
+            fn info() -> $crate::__guest::exports::ragen::env::environment::PluginInfo {
+                $crate::__guest::info::<$env>()
+            }
+        }
+
+        #[cfg(target_arch = "wasm32")]
+        $crate::__guest::__export_env_plugin!(__RagenEnvPlugin with_types_in $crate::__guest);
+    };
+}

@@ -1,0 +1,34 @@
+//! ragen-runtime: loads environment plugins (WebAssembly components that
+//! implement `wit/env.wit`) into a wasmtime sandbox and drives them.
+//!
+//! * [`Plugin`] is a compiled plugin: checked once (is it a component? does
+//!   it speak our contract version?), compiled once, instantiated many times.
+//! * [`PluginInstance`] is one sandboxed instance holding any number of envs.
+//!
+//! The guest gets no capabilities: every import it declares beyond the
+//! contract (WASI's clocks, random, files, stdio...) is bound to a function
+//! that traps, so a plugin cannot read the time, the OS's randomness or the
+//! disk even if its toolchain linked those in.
+
+mod bindings;
+mod contract;
+mod instance;
+mod plugin;
+
+pub use bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo, StepResult};
+pub use bindings::ragen::env::types::{ConfigKey, EnvError, ErrorKind, LegendEntry, Limits, Metric, StepInfo};
+pub use contract::{CONTRACT_PACKAGE, CONTRACT_VERSION, ContractVersion};
+pub use instance::{EnvHandle, PluginInstance};
+pub use plugin::Plugin;
+
+/// wasmtime 48 has its own error type; this lifts it into `anyhow` so that
+/// `.context(...)` can say which plugin and which call failed.
+pub(crate) trait IntoAnyhow<T> {
+    fn anyhow(self) -> anyhow::Result<T>;
+}
+
+impl<T> IntoAnyhow<T> for wasmtime::Result<T> {
+    fn anyhow(self) -> anyhow::Result<T> {
+        self.map_err(anyhow::Error::from)
+    }
+}

@@ -1,0 +1,89 @@
+//! A plugin: checked and compiled once, instantiated many times.
+
+use crate::bindings::EnvPluginPre;
+use crate::contract::{self, ContractVersion};
+use crate::instance::PluginInstance;
+use crate::IntoAnyhow;
+use anyhow::{Context, Result};
+use std::path::Path;
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Store};
+
+/// A compiled environment plugin.
+///
+/// Compilation is the expensive part (tens of milliseconds); instantiation
+/// from the pre-linked [`EnvPluginPre`] is cheap, which is what lets a pool
+/// replace a broken instance without recompiling.
+pub struct Plugin {
+    engine: Engine,
+    pre: EnvPluginPre<()>,
+    contract_version: ContractVersion,
+    imports: Vec<String>,
+    size_bytes: usize,
+    source: String,
+}
+
+impl Plugin {
+    /// Load a `.wasm` component from disk.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).with_context(|| format!("cannot read plugin `{}`", path.display()))?;
+        Self::from_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// Load a component from memory; `source` names it in error messages.
+    pub fn from_bytes(bytes: &[u8], source: &str) -> Result<Self> {
+        let fail = || format!("cannot load plugin `{source}`");
+        contract::check_is_component(bytes).with_context(fail)?;
+
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).anyhow().context("cannot create the wasmtime engine")?;
+        let component = Component::new(&engine, bytes).anyhow().with_context(fail)?;
+
+        let ty = component.component_type();
+        let exports: Vec<String> = ty.exports(&engine).map(|(name, _)| name.to_string()).collect();
+        let contract_version = contract::check_exports(exports.iter().map(String::as_str)).with_context(fail)?;
+        let imports: Vec<String> = ty.imports(&engine).map(|(name, _)| name.to_string()).collect();
+
+        // No capabilities: whatever the guest imports (WASI or otherwise) is
+        // bound to a function that traps if it is ever called.
+        let mut linker = Linker::new(&engine);
+        linker.define_unknown_imports_as_traps(&component).anyhow().with_context(fail)?;
+        let pre = EnvPluginPre::new(linker.instantiate_pre(&component).anyhow().with_context(fail)?)
+            .anyhow()
+            .with_context(fail)?;
+
+        Ok(Self { engine, pre, contract_version, imports, size_bytes: bytes.len(), source: source.to_string() })
+    }
+
+    /// A fresh, isolated instance: its own memory, its own envs.
+    pub fn instantiate(&self) -> Result<PluginInstance> {
+        let mut store = Store::new(&self.engine, ());
+        let bindings = self
+            .pre
+            .instantiate(&mut store)
+            .anyhow()
+            .with_context(|| format!("cannot instantiate plugin `{}`", self.source))?;
+        Ok(PluginInstance::new(store, bindings))
+    }
+
+    /// The contract version the plugin was built against.
+    pub fn contract_version(&self) -> ContractVersion {
+        self.contract_version
+    }
+
+    /// Everything the component imports (none of it is granted).
+    pub fn imports(&self) -> &[String] {
+        &self.imports
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.size_bytes
+    }
+
+    /// The name it was loaded under (a path or a label).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+}
