@@ -1,0 +1,43 @@
+# ragen-rs: the two commands the README promises, and the steps they use.
+#
+#   make plugins   build every environment plugin into target/plugins/*.wasm
+#   make test      build the plugins, then run every test
+
+CARGO ?= cargo
+# Where cargo puts its output (CI may keep it outside the clone).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+PLUGIN_DIR := target/plugins
+RUST_PLUGINS := bandit sokoban frozenlake
+# The authoring kit's worked example (examples/corridor), built and tested
+# so the example cannot rot; it is not a shipped plugin.
+EXAMPLE_DIR := target/examples
+
+.PHONY: all plugins test clean-plugins
+
+all: plugins
+
+plugins:
+	@rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2 || { \
+	  echo "error: the wasm32-wasip2 target is missing; install it with: rustup target add wasm32-wasip2" >&2; exit 1; }
+	$(CARGO) build --target wasm32-wasip2 --profile plugin $(addprefix -p ragen-env-,$(RUST_PLUGINS)) -p ragen-example-corridor
+	@mkdir -p $(PLUGIN_DIR)
+	@for p in $(RUST_PLUGINS); do \
+	  cp $(TARGET_DIR)/wasm32-wasip2/plugin/ragen_env_$$p.wasm $(PLUGIN_DIR)/$$p.wasm && \
+	  echo "  built $(PLUGIN_DIR)/$$p.wasm ($$(wc -c < $(PLUGIN_DIR)/$$p.wasm) bytes)"; \
+	done
+	@mkdir -p $(EXAMPLE_DIR)
+	@cp $(TARGET_DIR)/wasm32-wasip2/plugin/ragen_example_corridor.wasm $(EXAMPLE_DIR)/corridor.wasm
+	@echo "  built $(EXAMPLE_DIR)/corridor.wasm (the authoring example)"
+
+test: plugins
+	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_EXAMPLE_DIR=$(CURDIR)/$(EXAMPLE_DIR) $(CARGO) test --workspace
+
+clean-plugins:
+	rm -rf $(PLUGIN_DIR) $(EXAMPLE_DIR)
+
+# The sandbox-boundary measurement behind wit/README.md's batching decision.
+# Uses the dev profile (dependencies are optimised there) so it reuses the
+# test build instead of compiling wasmtime a second time.
+.PHONY: bench-boundary
+bench-boundary: plugins
+	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) $(CARGO) bench --profile dev -p ragen-e2e --bench boundary
