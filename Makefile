@@ -17,8 +17,8 @@ EXAMPLE_DIR := target/examples
 all: plugins
 
 plugins:
-	@rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2 || { \
-	  echo "error: the wasm32-wasip2 target is missing; install it with: rustup target add wasm32-wasip2" >&2; exit 1; }
+	@rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2 || { \
+	  echo "error: the wasm32-wasip2 target is missing and could not be installed; run: rustup target add wasm32-wasip2" >&2; exit 1; }
 	$(CARGO) build --target wasm32-wasip2 --profile plugin $(addprefix -p ragen-env-,$(RUST_PLUGINS)) -p ragen-example-corridor
 	@mkdir -p $(PLUGIN_DIR)
 	@for p in $(RUST_PLUGINS); do \

@@ -1,0 +1,131 @@
+//! `ragen-host inspect`: everything a plugin says about itself, as text or
+//! JSON, read through the sandbox exactly as training would read it.
+
+use anyhow::{Context, Result, anyhow};
+use ragen_runtime::{CONTRACT_PACKAGE, Plugin};
+use serde::Serialize;
+use std::fmt::Write;
+use std::path::Path;
+
+#[derive(Serialize)]
+pub struct Report {
+    pub file: String,
+    pub size_bytes: usize,
+    /// The contract the plugin was built against, e.g. `ragen:env@0.1.0`.
+    pub contract: String,
+    pub name: String,
+    pub version: String,
+    pub description: String,
+    pub multi_turn: bool,
+    pub config_keys: Vec<ConfigKey>,
+    /// The env as configured by the defaults plus any `--set`.
+    pub env: EnvSpec,
+    /// Everything the component imports. None of it is granted: each
+    /// function traps if called.
+    pub imports: Vec<String>,
+}
+
+#[derive(Serialize)]
+pub struct ConfigKey {
+    pub name: String,
+    pub default: String,
+    pub description: String,
+}
+
+#[derive(Serialize)]
+pub struct EnvSpec {
+    pub settings: Vec<(String, String)>,
+    pub instructions: String,
+    pub legend: Vec<Legend>,
+    pub actions: Vec<String>,
+    pub limits: Limits,
+}
+
+#[derive(Serialize)]
+pub struct Legend {
+    pub symbol: String,
+    pub meaning: String,
+}
+
+#[derive(Serialize)]
+pub struct Limits {
+    pub max_actions_per_episode: u32,
+    pub max_actions_per_turn: u32,
+    pub max_turns: u32,
+    pub max_steps: u32,
+}
+
+pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
+    let plugin = Plugin::from_file(file)?;
+    let mut inst = plugin.instantiate()?;
+    let info = inst.info().with_context(|| format!("`{}` trapped in info()", file.display()))?;
+    let env = inst
+        .create(settings)
+        .with_context(|| format!("`{}` trapped in create()", file.display()))?
+        .map_err(|e| anyhow!("the plugin rejected the settings: {}", e.message))?;
+    let spec = inst.spec(env).with_context(|| format!("`{}` trapped in spec()", file.display()))?;
+    Ok(Report {
+        file: file.display().to_string(),
+        size_bytes: plugin.size_bytes(),
+        contract: format!("{CONTRACT_PACKAGE}@{}", plugin.contract_version()),
+        name: info.name,
+        version: info.version,
+        description: info.description,
+        multi_turn: info.multi_turn,
+        config_keys: info
+            .config_keys
+            .into_iter()
+            .map(|k| ConfigKey { name: k.name, default: k.default_value, description: k.description })
+            .collect(),
+        env: EnvSpec {
+            settings: settings.to_vec(),
+            instructions: spec.instructions,
+            legend: spec.legend.into_iter().map(|l| Legend { symbol: l.symbol, meaning: l.meaning }).collect(),
+            actions: spec.actions,
+            limits: Limits {
+                max_actions_per_episode: spec.limits.max_actions_per_episode,
+                max_actions_per_turn: spec.limits.max_actions_per_turn,
+                max_turns: spec.limits.max_turns,
+                max_steps: spec.limits.max_steps,
+            },
+        },
+        imports: plugin.imports().to_vec(),
+    })
+}
+
+impl Report {
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let l = &self.env.limits;
+        // Writing to a String cannot fail.
+        let _ = writeln!(s, "{} {}: {}", self.name, self.version, self.description);
+        let _ = writeln!(s, "  file          {} ({} bytes)", self.file, self.size_bytes);
+        let _ = writeln!(s, "  contract      {}", self.contract);
+        let _ = writeln!(s, "  turns         {}", if self.multi_turn { "multi-turn" } else { "single-turn" });
+        let actions: Vec<String> = self.env.actions.iter().enumerate().map(|(i, a)| format!("{i}={a}")).collect();
+        let _ = writeln!(s, "  actions       {}", actions.join(", "));
+        if !self.env.legend.is_empty() {
+            let legend: Vec<String> = self.env.legend.iter().map(|e| format!("{} {}", e.symbol, e.meaning)).collect();
+            let _ = writeln!(s, "  legend        {}", legend.join(", "));
+        }
+        let _ = writeln!(
+            s,
+            "  limits        {} actions/episode, {} actions/turn, {} turns, {} steps",
+            l.max_actions_per_episode, l.max_actions_per_turn, l.max_turns, l.max_steps
+        );
+        let _ = writeln!(s, "  config keys   (set with --set KEY=VALUE)");
+        let width = self.config_keys.iter().map(|k| k.name.len() + k.default.chars().count() + 3).max().unwrap_or(0);
+        for k in &self.config_keys {
+            let default = if k.default.is_empty() { "\"\"".to_string() } else { k.default.clone() };
+            let lhs = format!("{} = {}", k.name, default);
+            let _ = writeln!(s, "    {lhs:<width$}  {}", k.description);
+        }
+        let imports = if self.imports.is_empty() { "none".to_string() } else { self.imports.join(", ") };
+        let _ = writeln!(s, "  imports       {imports}\n                (none granted: each traps if called)");
+        let _ = writeln!(s, "  instructions");
+        for line in self.env.instructions.lines() {
+            let _ = writeln!(s, "    {line}");
+        }
+        s
+    }
+}

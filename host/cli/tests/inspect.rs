@@ -1,0 +1,62 @@
+//! `ragen-host inspect`, run as a user runs it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn plugin(name: &str) -> PathBuf {
+    let dir = std::env::var_os("RAGEN_PLUGIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/plugins"));
+    let path = dir.join(format!("{name}.wasm"));
+    assert!(path.exists(), "{} is missing: run `make plugins` first", path.display());
+    path
+}
+
+fn ragen_host(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ragen-host")).args(args).output().unwrap()
+}
+
+#[test]
+fn inspect_json_describes_the_plugin() {
+    let path = plugin("sokoban");
+    let out = ragen_host(&["inspect", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(v["name"], "sokoban");
+    assert_eq!(v["version"], "0.1.0");
+    assert_eq!(v["contract"], "ragen:env@0.1.0");
+    assert_eq!(v["env"]["actions"], serde_json::json!(["Up", "Down", "Left", "Right"]));
+    assert_eq!(v["env"]["legend"][0]["symbol"], "#");
+    let keys: Vec<&str> = v["config_keys"].as_array().unwrap().iter().map(|k| k["name"].as_str().unwrap()).collect();
+    assert!(keys.contains(&"num_boxes") && keys.contains(&"symbols"), "{keys:?}");
+}
+
+#[test]
+fn inspect_applies_settings() {
+    let path = plugin("bandit");
+    let out = ragen_host(&["inspect", path.to_str().unwrap(), "--json", "--set", "lo_arm_name=Trader", "--set", "hi_arm_name=Librarian"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["env"]["actions"], serde_json::json!(["Trader", "Librarian"]));
+    assert_eq!(v["multi_turn"], false);
+}
+
+#[test]
+fn inspect_explains_what_is_wrong() {
+    let path = plugin("sokoban");
+    let bad_key = ragen_host(&["inspect", path.to_str().unwrap(), "--set", "room=9"]);
+    assert!(!bad_key.status.success());
+    let err = String::from_utf8_lossy(&bad_key.stderr);
+    assert!(err.contains("unknown config key `room`") && err.contains("dim_x"), "{err}");
+
+    let not_wasm = ragen_host(&["inspect", env!("CARGO_MANIFEST_DIR")]);
+    assert!(!not_wasm.status.success());
+
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let text = ragen_host(&["inspect", manifest.to_str().unwrap()]);
+    assert!(!text.status.success());
+    assert!(String::from_utf8_lossy(&text.stderr).contains("not a WebAssembly file"));
+
+    let malformed = ragen_host(&["inspect", path.to_str().unwrap(), "--set", "dim_x"]);
+    assert!(String::from_utf8_lossy(&malformed.stderr).contains("expected KEY=VALUE"));
+}
