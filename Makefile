@@ -12,7 +12,12 @@ RUST_PLUGINS := bandit sokoban frozenlake
 # so the example cannot rot; it is not a shipped plugin.
 EXAMPLE_DIR := target/examples
 
-.PHONY: all plugins test clean-plugins
+# Deliberately broken plugins the host's tests must survive (tests/faulty-plugin),
+# one build per fault.
+TEST_PLUGIN_DIR := target/test-plugins
+FAULTS := loop-in-step grow-memory trap-in-reset nan-reward
+
+.PHONY: all plugins test-plugins test clean-plugins
 
 all: plugins
 
@@ -29,11 +34,20 @@ plugins:
 	@cp $(TARGET_DIR)/wasm32-wasip2/plugin/ragen_example_corridor.wasm $(EXAMPLE_DIR)/corridor.wasm
 	@echo "  built $(EXAMPLE_DIR)/corridor.wasm (the authoring example)"
 
-test: plugins
-	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_EXAMPLE_DIR=$(CURDIR)/$(EXAMPLE_DIR) $(CARGO) test --workspace
+test-plugins: plugins
+	@mkdir -p $(TEST_PLUGIN_DIR)
+	@for f in $(FAULTS); do \
+	  $(CARGO) build -q --target wasm32-wasip2 --profile plugin -p ragen-test-faulty --features $$f || exit 1; \
+	  cp $(TARGET_DIR)/wasm32-wasip2/plugin/ragen_test_faulty.wasm $(TEST_PLUGIN_DIR)/$$f.wasm; \
+	  echo "  built $(TEST_PLUGIN_DIR)/$$f.wasm (faults on purpose)"; \
+	done
+
+test: plugins test-plugins
+	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_EXAMPLE_DIR=$(CURDIR)/$(EXAMPLE_DIR) \
+	  RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) $(CARGO) test --workspace
 
 clean-plugins:
-	rm -rf $(PLUGIN_DIR) $(EXAMPLE_DIR)
+	rm -rf $(PLUGIN_DIR) $(EXAMPLE_DIR) $(TEST_PLUGIN_DIR)
 
 # The sandbox-boundary measurement behind wit/README.md's batching decision.
 # Uses the dev profile (dependencies are optimised there) so it reuses the

@@ -4,4 +4,5 @@
 wasmtime::component::bindgen!({
     world: "env-plugin",
     path: "../../wit",
+    additional_derives: [PartialEq],
 });

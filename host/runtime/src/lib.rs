@@ -4,6 +4,8 @@
 //! * [`Plugin`] is a compiled plugin: checked once (is it a component? does
 //!   it speak our contract version?), compiled once, instantiated many times.
 //! * [`PluginInstance`] is one sandboxed instance holding any number of envs.
+//! * [`EnvPool`] runs many envs across worker threads with one batched API,
+//!   autoreset, and fault containment (see the `pool` module docs).
 //!
 //! The guest gets no capabilities: every import it declares beyond the
 //! contract (WASI's clocks, random, files, stdio...) is bound to a function
@@ -14,12 +16,17 @@ mod bindings;
 mod contract;
 mod instance;
 mod plugin;
+mod pool;
+mod sandbox;
+mod shard;
 
 pub use bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo, StepResult};
 pub use bindings::ragen::env::types::{ConfigKey, EnvError, ErrorKind, LegendEntry, Limits, Metric, StepInfo};
 pub use contract::{CONTRACT_PACKAGE, CONTRACT_VERSION, ContractVersion};
 pub use instance::{EnvHandle, PluginInstance};
 pub use plugin::Plugin;
+pub use pool::{EnvFailure, EnvPool, FailureKind, PoolConfig, PoolStats, PoolStep, next_seed};
+pub use sandbox::{Fault, FaultKind, SandboxLimits};
 
 /// wasmtime 48 has its own error type; this lifts it into `anyhow` so that
 /// `.context(...)` can say which plugin and which call failed.

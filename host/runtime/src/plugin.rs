@@ -1,9 +1,10 @@
 //! A plugin: checked and compiled once, instantiated many times.
 
+use crate::IntoAnyhow;
 use crate::bindings::EnvPluginPre;
 use crate::contract::{self, ContractVersion};
 use crate::instance::PluginInstance;
-use crate::IntoAnyhow;
+use crate::sandbox::{self, MemoryCap, SandboxLimits, StoreState};
 use anyhow::{Context, Result};
 use std::path::Path;
 use wasmtime::component::{Component, Linker};
@@ -13,10 +14,12 @@ use wasmtime::{Config, Engine, Store};
 ///
 /// Compilation is the expensive part (tens of milliseconds); instantiation
 /// from the pre-linked [`EnvPluginPre`] is cheap, which is what lets a pool
-/// replace a broken instance without recompiling.
+/// replace a broken instance without recompiling. `Plugin` is `Send + Sync`:
+/// share it between worker threads in an `Arc`.
 pub struct Plugin {
     engine: Engine,
-    pre: EnvPluginPre<()>,
+    pre: EnvPluginPre<StoreState>,
+    limits: SandboxLimits,
     contract_version: ContractVersion,
     imports: Vec<String>,
     size_bytes: usize,
@@ -24,20 +27,28 @@ pub struct Plugin {
 }
 
 impl Plugin {
-    /// Load a `.wasm` component from disk.
+    /// Load a `.wasm` component from disk with the default limits.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_file_with(path, SandboxLimits::default())
+    }
+
+    /// Load a `.wasm` component from disk under `limits`.
+    pub fn from_file_with(path: impl AsRef<Path>, limits: SandboxLimits) -> Result<Self> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).with_context(|| format!("cannot read plugin `{}`", path.display()))?;
-        Self::from_bytes(&bytes, &path.display().to_string())
+        Self::from_bytes(&bytes, &path.display().to_string(), limits)
     }
 
     /// Load a component from memory; `source` names it in error messages.
-    pub fn from_bytes(bytes: &[u8], source: &str) -> Result<Self> {
+    pub fn from_bytes(bytes: &[u8], source: &str, limits: SandboxLimits) -> Result<Self> {
         let fail = || format!("cannot load plugin `{source}`");
         contract::check_is_component(bytes).with_context(fail)?;
 
         let mut config = Config::new();
         config.wasm_component_model(true);
+        // The time budget per call: the store's deadline is checked against
+        // an epoch that a ticker thread advances.
+        config.epoch_interruption(true);
         let engine = Engine::new(&config).anyhow().context("cannot create the wasmtime engine")?;
         let component = Component::new(&engine, bytes).anyhow().with_context(fail)?;
 
@@ -53,19 +64,28 @@ impl Plugin {
         let pre = EnvPluginPre::new(linker.instantiate_pre(&component).anyhow().with_context(fail)?)
             .anyhow()
             .with_context(fail)?;
+        sandbox::start_epoch_ticker(&engine);
 
-        Ok(Self { engine, pre, contract_version, imports, size_bytes: bytes.len(), source: source.to_string() })
+        Ok(Self { engine, pre, limits, contract_version, imports, size_bytes: bytes.len(), source: source.to_string() })
     }
 
     /// A fresh, isolated instance: its own memory, its own envs.
     pub fn instantiate(&self) -> Result<PluginInstance> {
-        let mut store = Store::new(&self.engine, ());
+        let mut store = Store::new(&self.engine, StoreState { memory: MemoryCap::new(self.limits.memory_bytes) });
+        store.limiter(|state| &mut state.memory);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(self.limits.deadline_ticks());
         let bindings = self
             .pre
             .instantiate(&mut store)
             .anyhow()
             .with_context(|| format!("cannot instantiate plugin `{}`", self.source))?;
-        Ok(PluginInstance::new(store, bindings))
+        Ok(PluginInstance::new(store, bindings, self.limits.clone()))
+    }
+
+    /// The limits every instance runs under.
+    pub fn limits(&self) -> &SandboxLimits {
+        &self.limits
     }
 
     /// The contract version the plugin was built against.

@@ -1,0 +1,328 @@
+//! `EnvPool`: many envs of one plugin, stepped in batches across worker
+//! threads, EnvPool-style: `reset(ids, seeds)` and `step(ids, actions)`
+//! with results in the caller's order.
+//!
+//! Layout: env `g` lives on worker `g % threads`, in that worker's instance
+//! `(g / threads) / envs_per_instance`. Each worker thread owns its
+//! instances outright (a wasmtime `Store` is single-threaded), so a batch
+//! costs one message to and from each worker and no locks.
+//!
+//! Why plain threads and not tokio: stepping is CPU-bound and never waits on
+//! I/O, so a scheduler would only add overhead; the rollout pipeline can
+//! still drive a pool from async code with `spawn_blocking`.
+//!
+//! **Autoreset (next-step, as Gymnasium's default).** With `autoreset` on, a
+//! `step` on an env whose episode has ended (done, or failed) does not step:
+//! it resets the env and returns the new first observation with reward 0,
+//! `done` false and `autoreset` set to the new seed; the action is ignored.
+//! The new seed is [`next_seed`] of the previous one, so the schedule is
+//! deterministic. With `autoreset` off, such a step is an `EpisodeOver`
+//! failure and the caller resets explicitly.
+//!
+//! **Failures.** Every env gets a result for every call: `Ok` or an
+//! [`EnvFailure`] naming the plugin, the env and the seed. A fault (trap,
+//! timeout, memory cap) fails that env's episode and replaces its instance;
+//! the other envs in that instance are restored by replay and keep going.
+//! Invalid output (a NaN reward, an oversized observation) fails the
+//! episode but keeps the instance.
+
+use crate::bindings::ragen::env::types::{ErrorKind, StepInfo};
+use crate::plugin::Plugin;
+use crate::sandbox::FaultKind;
+use crate::shard::Shard;
+use anyhow::{Context, Result, bail};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
+
+pub use crate::shard::next_seed;
+
+/// How to lay out a pool.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub num_envs: usize,
+    /// Worker threads; default: the machine's available parallelism.
+    pub threads: usize,
+    /// Envs per plugin instance. More share one instance's memory (less
+    /// resident memory); fewer mean less replay when an instance faults.
+    pub envs_per_instance: usize,
+    /// Settings every env is created with.
+    pub settings: Vec<(String, String)>,
+    pub autoreset: bool,
+}
+
+impl PoolConfig {
+    pub fn new(num_envs: usize) -> Self {
+        Self {
+            num_envs,
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            envs_per_instance: 64,
+            settings: Vec::new(),
+            autoreset: true,
+        }
+    }
+}
+
+/// The outcome of one env's `step` (or of an autoreset in its place).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolStep {
+    pub observation: String,
+    pub reward: f64,
+    pub done: bool,
+    pub info: StepInfo,
+    /// `Some(seed)` when this call reset the env instead of stepping it.
+    pub autoreset: Option<u64>,
+}
+
+impl PoolStep {
+    pub(crate) fn from_result(r: crate::StepResult) -> Self {
+        Self { observation: r.observation, reward: r.reward, done: r.done, info: r.info, autoreset: None }
+    }
+
+    pub(crate) fn autoreset(observation: String, seed: u64) -> Self {
+        let info = StepInfo { success: false, action_is_valid: true, action_is_effective: false, metrics: vec![] };
+        Self { observation, reward: 0.0, done: false, info, autoreset: Some(seed) }
+    }
+}
+
+/// What went wrong with one env.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The instance trapped, timed out or hit its memory cap; it was replaced.
+    Fault(FaultKind),
+    /// The plugin returned something the contract forbids (NaN reward,
+    /// observation over the cap).
+    InvalidOutput,
+    /// The plugin (or the pool, for the episode rules) reported an error.
+    Env(ErrorKind),
+}
+
+/// One env's failed call. The episode it belonged to is over.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EnvFailure {
+    /// The plugin's file (or label).
+    pub plugin: String,
+    pub env: usize,
+    /// The seed of the failed episode, when there was one.
+    pub seed: Option<u64>,
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl fmt::Display for EnvFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "plugin `{}`, env {}", self.plugin, self.env)?;
+        if let Some(seed) = self.seed {
+            write!(f, ", seed {seed}")?;
+        }
+        let kind = match self.kind {
+            FailureKind::Fault(k) => k.as_str().to_string(),
+            FailureKind::InvalidOutput => "invalid output".into(),
+            FailureKind::Env(k) => format!("{k:?}"),
+        };
+        write!(f, ": {kind}: {}", self.message)
+    }
+}
+
+impl std::error::Error for EnvFailure {}
+
+/// Pool-wide counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub envs: usize,
+    pub instances: usize,
+    /// Instances replaced after faults since the pool started.
+    pub restarts: usize,
+    /// Linear memory held by all instances, in bytes.
+    pub memory_bytes: usize,
+}
+
+enum Call {
+    Reset(u64),
+    Step(u32),
+}
+
+type Reply = Vec<(usize, Result<PoolStep, EnvFailure>)>;
+
+enum Job {
+    /// (position in the caller's batch, worker-local env index, call)
+    Run(Vec<(usize, usize, Call)>, Sender<Reply>),
+    Stats(Sender<PoolStats>),
+}
+
+struct Worker {
+    jobs: Sender<Job>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A batch of envs from one plugin. See the module docs for the semantics.
+pub struct EnvPool {
+    workers: Vec<Worker>,
+    num_envs: usize,
+}
+
+impl EnvPool {
+    /// Create `config.num_envs` envs across `config.threads` workers. Fails if
+    /// the plugin rejects the settings or cannot be instantiated.
+    pub fn new(plugin: Arc<Plugin>, config: &PoolConfig) -> Result<Self> {
+        if config.num_envs == 0 {
+            bail!("a pool needs at least one env");
+        }
+        let threads = config.threads.clamp(1, config.num_envs);
+        let per_instance = config.envs_per_instance.max(1);
+        let settings = Arc::new(config.settings.clone());
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+        let mut workers = Vec::with_capacity(threads);
+        for w in 0..threads {
+            let ids: Vec<usize> = (w..config.num_envs).step_by(threads).collect();
+            let (tx, rx) = mpsc::channel();
+            let (plugin, settings, ready) = (plugin.clone(), settings.clone(), ready_tx.clone());
+            let autoreset = config.autoreset;
+            let thread = std::thread::Builder::new()
+                .name(format!("ragen-pool-{w}"))
+                .spawn(move || {
+                    let shards: Result<Vec<Shard>> =
+                        ids.chunks(per_instance).map(|chunk| Shard::new(plugin.clone(), settings.clone(), chunk)).collect();
+                    match shards {
+                        Ok(shards) => {
+                            let _ = ready.send(Ok(()));
+                            run_worker(shards, per_instance, autoreset, rx);
+                        }
+                        Err(e) => {
+                            let _ = ready.send(Err(e));
+                        }
+                    }
+                })
+                .context("cannot spawn a pool worker thread")?;
+            workers.push(Worker { jobs: tx, thread: Some(thread) });
+        }
+        drop(ready_tx);
+        let pool = Self { workers, num_envs: config.num_envs };
+        for _ in 0..threads {
+            ready_rx.recv().context("a pool worker died while starting")??;
+        }
+        Ok(pool)
+    }
+
+    pub fn num_envs(&self) -> usize {
+        self.num_envs
+    }
+
+    /// Reset `env_ids[i]` with `seeds[i]`; returns each first observation, in
+    /// the order given.
+    pub fn reset(&self, env_ids: &[usize], seeds: &[u64]) -> Result<Vec<Result<String, EnvFailure>>> {
+        if env_ids.len() != seeds.len() {
+            bail!("reset: {} env ids but {} seeds", env_ids.len(), seeds.len());
+        }
+        let calls = env_ids.iter().zip(seeds).map(|(&id, &seed)| (id, Call::Reset(seed))).collect();
+        Ok(self.run(calls)?.into_iter().map(|r| r.map(|s| s.observation)).collect())
+    }
+
+    /// Step `env_ids[i]` with `actions[i]`, in the order given.
+    pub fn step(&self, env_ids: &[usize], actions: &[u32]) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
+        if env_ids.len() != actions.len() {
+            bail!("step: {} env ids but {} actions", env_ids.len(), actions.len());
+        }
+        let calls = env_ids.iter().zip(actions).map(|(&id, &a)| (id, Call::Step(a))).collect();
+        self.run(calls)
+    }
+
+    /// Reset every env; env `i` gets `seeds[i]`.
+    pub fn reset_all(&self, seeds: &[u64]) -> Result<Vec<Result<String, EnvFailure>>> {
+        let ids: Vec<usize> = (0..self.num_envs).collect();
+        self.reset(&ids, seeds)
+    }
+
+    /// Step every env; env `i` takes `actions[i]`.
+    pub fn step_all(&self, actions: &[u32]) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
+        let ids: Vec<usize> = (0..self.num_envs).collect();
+        self.step(&ids, actions)
+    }
+
+    pub fn stats(&self) -> Result<PoolStats> {
+        let mut total = PoolStats::default();
+        for w in &self.workers {
+            let (tx, rx) = mpsc::channel();
+            w.jobs.send(Job::Stats(tx)).ok().context("a pool worker has died")?;
+            let s = rx.recv().context("a pool worker has died")?;
+            total.envs += s.envs;
+            total.instances += s.instances;
+            total.restarts += s.restarts;
+            total.memory_bytes += s.memory_bytes;
+        }
+        Ok(total)
+    }
+
+    fn run(&self, calls: Vec<(usize, Call)>) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
+        let threads = self.workers.len();
+        let n = calls.len();
+        let mut per_worker: Vec<Vec<(usize, usize, Call)>> = (0..threads).map(|_| Vec::new()).collect();
+        for (pos, (id, call)) in calls.into_iter().enumerate() {
+            if id >= self.num_envs {
+                bail!("env id {id} is out of range; the pool has {} envs", self.num_envs);
+            }
+            per_worker[id % threads].push((pos, id / threads, call));
+        }
+        let (tx, rx): (Sender<Reply>, Receiver<Reply>) = mpsc::channel();
+        let mut pending = 0;
+        for (w, batch) in per_worker.into_iter().enumerate() {
+            if !batch.is_empty() {
+                self.workers[w].jobs.send(Job::Run(batch, tx.clone())).ok().context("a pool worker has died")?;
+                pending += 1;
+            }
+        }
+        drop(tx);
+        let mut out: Vec<Option<Result<PoolStep, EnvFailure>>> = (0..n).map(|_| None).collect();
+        for _ in 0..pending {
+            for (pos, r) in rx.recv().context("a pool worker died mid-batch")? {
+                out[pos] = Some(r);
+            }
+        }
+        Ok(out.into_iter().map(|r| r.expect("every call gets a reply")).collect())
+    }
+}
+
+fn run_worker(mut shards: Vec<Shard>, per_instance: usize, autoreset: bool, jobs: Receiver<Job>) {
+    let envs: usize = shards.iter().map(|s| s.len()).sum();
+    for job in jobs {
+        match job {
+            Job::Run(calls, reply) => {
+                let results = calls
+                    .into_iter()
+                    .map(|(pos, local, call)| {
+                        let shard = &mut shards[local / per_instance];
+                        let slot = local % per_instance;
+                        let r = match call {
+                            Call::Reset(seed) => shard.reset(slot, seed).map(|obs| PoolStep::autoreset(obs, seed)),
+                            Call::Step(action) => shard.step(slot, action, autoreset),
+                        };
+                        (pos, r)
+                    })
+                    .collect();
+                let _ = reply.send(results);
+            }
+            Job::Stats(reply) => {
+                let _ = reply.send(PoolStats {
+                    envs,
+                    instances: shards.len(),
+                    restarts: shards.iter().map(|s| s.restarts).sum(),
+                    memory_bytes: shards.iter().map(|s| s.memory_bytes()).sum(),
+                });
+            }
+        }
+    }
+}
+
+impl Drop for EnvPool {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            // Closing the channel ends the worker's loop.
+            let (dead, _) = mpsc::channel();
+            drop(std::mem::replace(&mut w.jobs, dead));
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}

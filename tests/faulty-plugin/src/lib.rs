@@ -1,0 +1,82 @@
+//! A counter env that misbehaves on purpose, on seeds that are 3 mod 4,
+//! in the way its enabled feature says. Built once per fault by
+//! `make test-plugins`.
+
+use ragen_env_sdk::*;
+use std::hint::black_box;
+
+#[derive(Debug)]
+pub struct Faulty {
+    seed: u64,
+    count: u64,
+    steps: u32,
+}
+
+fn strikes(seed: u64) -> bool {
+    seed % 4 == 3
+}
+
+impl Environment for Faulty {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: "faulty".into(),
+            version: "0.1.0".into(),
+            description: "A counter that misbehaves on purpose (tests only).".into(),
+            multi_turn: true,
+            config_keys: vec![ConfigKey::new("start", 0, "initial count")],
+        }
+    }
+
+    fn new(config: &Config) -> Result<Self, EnvError> {
+        Ok(Self { seed: 0, count: config.int_in("start", 0, 1000)?, steps: 0 })
+    }
+
+    fn spec(&self) -> EnvSpec {
+        EnvSpec {
+            instructions: "Count up.".into(),
+            legend: vec![],
+            actions: vec!["Inc".into(), "Stay".into()],
+            limits: Limits { max_actions_per_episode: 5, max_actions_per_turn: 5, max_turns: 1, max_steps: 5 },
+        }
+    }
+
+    fn reset(&mut self, seed: u64) -> Result<String, EnvError> {
+        if cfg!(feature = "trap-in-reset") && strikes(seed) {
+            panic!("deliberate trap in reset (seed {seed})");
+        }
+        (self.seed, self.count, self.steps) = (seed, seed % 10, 0);
+        Ok(self.render())
+    }
+
+    fn step(&mut self, action: u32) -> StepOutcome {
+        if strikes(self.seed) {
+            if cfg!(feature = "loop-in-step") {
+                let mut i = 0u64;
+                loop {
+                    i = black_box(i.wrapping_add(1));
+                }
+            }
+            if cfg!(feature = "grow-memory") {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(black_box(vec![1u8; 1 << 20]));
+                }
+            }
+        }
+        self.count += (action == 0) as u64;
+        self.steps += 1;
+        let reward = if cfg!(feature = "nan-reward") && strikes(self.seed) { f64::NAN } else { 1.0 };
+        StepOutcome {
+            observation: self.render(),
+            reward,
+            done: self.steps >= 5,
+            info: StepInfo { success: self.steps >= 5, action_is_valid: true, action_is_effective: action == 0, metrics: vec![] },
+        }
+    }
+
+    fn render(&self) -> String {
+        format!("count: {} (seed {})", self.count, self.seed)
+    }
+}
+
+export_env!(Faulty);

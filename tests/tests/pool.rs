@@ -1,0 +1,190 @@
+//! The batched pool: many envs across threads, results in the caller's
+//! order, next-step autoreset, and faults contained to the env that caused
+//! them.
+
+use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
+use ragen_env_sokoban::Sokoban;
+use ragen_runtime::{EnvPool, FailureKind, FaultKind, Plugin, PoolConfig, SandboxLimits, next_seed};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn dir(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(default))
+}
+
+fn shipped(name: &str) -> Arc<Plugin> {
+    let path = dir("RAGEN_PLUGIN_DIR", "../target/plugins").join(format!("{name}.wasm"));
+    Arc::new(Plugin::from_file(&path).unwrap_or_else(|e| panic!("{e:#} (run `make plugins`)")))
+}
+
+fn faulty(fault: &str, limits: SandboxLimits) -> Arc<Plugin> {
+    let path = dir("RAGEN_TEST_PLUGIN_DIR", "../target/test-plugins").join(format!("{fault}.wasm"));
+    Arc::new(Plugin::from_file_with(&path, limits).unwrap_or_else(|e| panic!("{e:#} (run `make test-plugins`)")))
+}
+
+fn config(num_envs: usize, threads: usize, per_instance: usize) -> PoolConfig {
+    PoolConfig { threads, envs_per_instance: per_instance, ..PoolConfig::new(num_envs) }
+}
+
+/// The pool's results for every env and step, against the same envs stepped
+/// one by one natively, with next-step autoreset emulated by hand.
+fn check_against_native<E: Environment>(pool: &EnvPool, natives: &mut [CheckedEnv<E>], seeds: &[u64], rounds: usize) {
+    let n = natives.len();
+    let first = pool.reset_all(seeds).unwrap();
+    let mut episode_seed = seeds.to_vec();
+    let mut over = vec![false; n];
+    for i in 0..n {
+        assert_eq!(first[i].as_ref().unwrap(), &natives[i].reset(seeds[i]).unwrap(), "env {i}");
+    }
+    let num_actions = natives[0].spec().actions.len();
+    let mut rng = SeedRng::new(42);
+    for round in 0..rounds {
+        let actions: Vec<u32> = (0..n).map(|_| rng.below(num_actions) as u32).collect();
+        let results = pool.step_all(&actions).unwrap();
+        for i in 0..n {
+            let got = results[i].as_ref().unwrap_or_else(|f| panic!("round {round}: {f}"));
+            if over[i] {
+                let seed = next_seed(episode_seed[i]);
+                assert_eq!(got.autoreset, Some(seed), "env {i} round {round}");
+                assert_eq!(got.observation, natives[i].reset(seed).unwrap());
+                (episode_seed[i], over[i]) = (seed, false);
+                continue;
+            }
+            let want = natives[i].step(actions[i]).unwrap();
+            assert_eq!(got.autoreset, None);
+            assert_eq!(got.observation, want.observation, "env {i} round {round}");
+            assert_eq!(got.reward.to_bits(), want.reward.to_bits());
+            assert_eq!((got.done, got.info.success, got.info.action_is_effective), (want.done, want.info.success, want.info.action_is_effective));
+            over[i] = want.done;
+        }
+    }
+}
+
+#[test]
+fn ten_thousand_sokoban_envs_match_stepping_one_by_one() {
+    let n = 10_000;
+    let pool = EnvPool::new(shipped("sokoban"), &config(n, 2, 64)).unwrap();
+    let stats = pool.stats().unwrap();
+    assert_eq!(stats.envs, n);
+    assert_eq!(stats.instances, 2 * 5000usize.div_ceil(64));
+    let mut natives: Vec<CheckedEnv<Sokoban>> = (0..n).map(|_| CheckedEnv::with(&[]).unwrap()).collect();
+    let seeds: Vec<u64> = (0..n as u64).map(|s| s * 7 + 3).collect();
+    check_against_native(&pool, &mut natives, &seeds, 4);
+}
+
+#[test]
+fn bandit_autoresets_on_the_next_step() {
+    // Every Bandit episode is one step, so every other step is an autoreset.
+    let pool = EnvPool::new(shipped("bandit"), &config(40, 3, 8)).unwrap();
+    let mut natives: Vec<CheckedEnv<ragen_env_bandit::Bandit>> = (0..40).map(|_| CheckedEnv::with(&[]).unwrap()).collect();
+    let seeds: Vec<u64> = (100..140).collect();
+    check_against_native(&pool, &mut natives, &seeds, 6);
+}
+
+#[test]
+fn without_autoreset_a_finished_env_must_be_reset() {
+    let cfg = PoolConfig { autoreset: false, ..config(4, 2, 2) };
+    let pool = EnvPool::new(shipped("bandit"), &cfg).unwrap();
+    pool.reset_all(&[1, 2, 3, 4]).unwrap();
+    assert!(pool.step_all(&[0, 1, 0, 1]).unwrap().iter().all(|r| r.as_ref().unwrap().done));
+    for r in pool.step_all(&[0, 1, 0, 1]).unwrap() {
+        let f = r.unwrap_err();
+        assert_eq!(f.kind, FailureKind::Env(ragen_runtime::ErrorKind::EpisodeOver), "{f}");
+    }
+    // Stepping a never-reset env is reported, not hidden.
+    let fresh = EnvPool::new(shipped("bandit"), &config(2, 1, 2)).unwrap();
+    let f = fresh.step(&[1], &[0]).unwrap().remove(0).unwrap_err();
+    assert_eq!(f.kind, FailureKind::Env(ragen_runtime::ErrorKind::NotStarted));
+}
+
+#[test]
+fn results_come_back_in_the_callers_order() {
+    let pool = EnvPool::new(shipped("sokoban"), &config(50, 3, 4)).unwrap();
+    let ids: Vec<usize> = vec![49, 3, 17, 0, 33, 21];
+    let seeds: Vec<u64> = ids.iter().map(|&i| 1000 + i as u64).collect();
+    let obs = pool.reset(&ids, &seeds).unwrap();
+    for (k, &seed) in seeds.iter().enumerate() {
+        let mut native = CheckedEnv::<Sokoban>::with(&[]).unwrap();
+        assert_eq!(obs[k].as_ref().unwrap(), &native.reset(seed).unwrap());
+    }
+    assert!(pool.reset(&[50], &[1]).is_err(), "an id past the end is the caller's error");
+    assert!(pool.step(&[1, 2], &[0]).is_err(), "ids and actions must pair up");
+}
+
+/// 16 envs in ONE instance; seeds 0..16, so envs 3, 7, 11, 15 hit the fault.
+/// The faulting envs are reported with their seed; every other env matches
+/// the same env compiled natively (without the fault) step for step.
+fn contained(fault: &str, limits: SandboxLimits, expect: FailureKind, in_reset: bool) {
+    let pool = EnvPool::new(faulty(fault, limits), &config(16, 1, 16)).unwrap();
+    let seeds: Vec<u64> = (0..16).collect();
+    let strikes = |i: usize| i % 4 == 3;
+    let mut natives: Vec<CheckedEnv<ragen_test_faulty::Faulty>> = (0..16).map(|_| CheckedEnv::with(&[]).unwrap()).collect();
+    let started = Instant::now();
+    let resets = pool.reset_all(&seeds).unwrap();
+    for (i, r) in resets.iter().enumerate() {
+        match r {
+            Err(f) => {
+                assert!(in_reset && strikes(i), "env {i}: {f}");
+                assert_eq!((f.env, f.seed, f.kind), (i, Some(i as u64), expect), "{f}");
+                assert!(f.plugin.ends_with(&format!("{fault}.wasm")));
+            }
+            Ok(obs) => {
+                assert!(!(in_reset && strikes(i)), "env {i} should have faulted in reset");
+                assert_eq!(obs, &natives[i].reset(i as u64).unwrap());
+            }
+        }
+    }
+    for round in 0..3 {
+        let results = pool.step_all(&[0; 16]).unwrap();
+        for (i, r) in results.iter().enumerate() {
+            if strikes(i) {
+                if round == 0 && !in_reset {
+                    let f = r.as_ref().unwrap_err();
+                    assert_eq!((f.env, f.seed, f.kind), (i, Some(i as u64), expect), "{f}");
+                }
+                continue;
+            }
+            let want = natives[i].step(0).unwrap();
+            assert_eq!(r.as_ref().unwrap().observation, want.observation, "env {i} round {round}");
+        }
+    }
+    let stats = pool.stats().unwrap();
+    if !matches!(expect, FailureKind::InvalidOutput) {
+        assert!(stats.restarts >= 1, "the broken instance was replaced");
+    }
+    assert!(started.elapsed() < Duration::from_secs(60), "fault handling took {:?}", started.elapsed());
+}
+
+fn quick() -> SandboxLimits {
+    SandboxLimits { call_timeout: Duration::from_millis(100), memory_bytes: 32 << 20, ..SandboxLimits::default() }
+}
+
+#[test]
+fn an_endless_loop_times_out_and_only_its_env_fails() {
+    contained("loop-in-step", quick(), FailureKind::Fault(FaultKind::Timeout), false);
+}
+
+#[test]
+fn runaway_memory_hits_the_cap_and_only_its_env_fails() {
+    contained("grow-memory", quick(), FailureKind::Fault(FaultKind::MemoryCap), false);
+}
+
+#[test]
+fn a_trap_in_reset_fails_only_its_env() {
+    contained("trap-in-reset", quick(), FailureKind::Fault(FaultKind::Trap), true);
+}
+
+#[test]
+fn a_nan_reward_is_invalid_output() {
+    contained("nan-reward", quick(), FailureKind::InvalidOutput, false);
+}
+
+#[test]
+fn a_failure_says_which_plugin_env_and_seed() {
+    let pool = EnvPool::new(faulty("nan-reward", quick()), &config(4, 1, 4)).unwrap();
+    pool.reset_all(&[0, 1, 2, 3]).unwrap();
+    let f = pool.step_all(&[0; 4]).unwrap().remove(3).unwrap_err();
+    let text = f.to_string();
+    assert!(text.contains("nan-reward.wasm") && text.contains("env 3") && text.contains("seed 3") && text.contains("NaN"), "{text}");
+}
