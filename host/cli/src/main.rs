@@ -1,11 +1,16 @@
 //! `ragen-host`: the ragen-rs command line.
 
+mod bench;
 mod inspect;
+mod play;
+mod validate;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use ragen_runtime::SandboxLimits;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -15,12 +20,37 @@ use std::process::ExitCode;
     long_about = "Run and check ragen-rs environment plugins.\n\n\
         A plugin is one .wasm component implementing wit/env.wit; it describes itself, so the \
         file is all you need. `make plugins` builds the shipped ones into target/plugins/.\n\n\
-        Example:\n  ragen-host inspect target/plugins/sokoban.wasm\n  \
-        ragen-host inspect target/plugins/sokoban.wasm --set dim_x=8 --json"
+        Examples:\n  \
+        ragen-host inspect target/plugins/sokoban.wasm --set dim_x=8\n  \
+        ragen-host validate my-env.wasm\n  \
+        ragen-host play target/plugins/frozenlake.wasm --seed 3\n  \
+        ragen-host bench target/plugins/sokoban.wasm --envs 1024 --json"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// Settings passed to the plugin's `create`.
+#[derive(Args, Clone)]
+struct Settings {
+    /// A config key for the env (repeatable), e.g. --set dim_x=8; `inspect`
+    /// lists the keys a plugin accepts.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    settings: Vec<String>,
+}
+
+impl Settings {
+    /// Parse `KEY=VALUE` pairs; the value may contain `=`.
+    fn parse(&self) -> Result<Vec<(String, String)>> {
+        self.settings
+            .iter()
+            .map(|s| match s.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+                _ => bail!("--set `{s}`: expected KEY=VALUE, e.g. --set dim_x=8"),
+            })
+            .collect()
+    }
 }
 
 #[derive(Subcommand)]
@@ -34,41 +64,111 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
-        /// Describe the env under this setting (repeatable), e.g. --set dim_x=8
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        settings: Vec<String>,
+        #[command(flatten)]
+        settings: Settings,
+    },
+    /// Check a plugin before sharing it: complete metadata, same seed → same
+    /// episode, different seeds → different states, errors (not traps) for
+    /// bad config and bad actions, the episode rules, finite rewards, and
+    /// speed. Exits 0 only when every check passes; each failure says what
+    /// to fix.
+    Validate {
+        file: PathBuf,
+        /// Seeds to play in the determinism and value checks.
+        #[arg(long, default_value_t = 16)]
+        seeds: u64,
+        /// Time budget for one call into the plugin.
+        #[arg(long, default_value_t = 2000, value_name = "MS")]
+        call_timeout_ms: u64,
+        /// Memory cap per plugin instance.
+        #[arg(long, default_value_t = 256, value_name = "MIB")]
+        memory_mib: usize,
+        #[command(flatten)]
+        settings: Settings,
+    },
+    /// Play a plugin yourself: type action names (case-insensitive; several
+    /// separated by `||`, as the agent does), see the state, reward and info
+    /// after each. `reset [N]` starts over, `quit` leaves.
+    Play {
+        file: PathBuf,
+        /// Seed of the first episode.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[command(flatten)]
+        settings: Settings,
+    },
+    /// Measure resets/s and steps/s through the sandbox with a batched pool,
+    /// and the same env compiled natively in the same run (for the shipped
+    /// plugins), with memory per env and instantiation time.
+    Bench {
+        file: PathBuf,
+        /// Envs in the pool.
+        #[arg(long, default_value_t = 1024)]
+        envs: usize,
+        /// Worker threads (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Seconds of measurement, split between resets and steps (per side).
+        #[arg(long, default_value_t = 4.0)]
+        seconds: f64,
+        /// Envs sharing one plugin instance.
+        #[arg(long, default_value_t = 64)]
+        envs_per_instance: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        settings: Settings,
     },
 }
 
-/// Parse `KEY=VALUE` settings; the value may contain `=`.
-fn parse_settings(settings: &[String]) -> Result<Vec<(String, String)>> {
-    settings
-        .iter()
-        .map(|s| match s.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
-            _ => bail!("--set `{s}`: expected KEY=VALUE, e.g. --set dim_x=8"),
-        })
-        .collect()
-}
-
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Inspect { file, json, settings } => {
-            let settings = parse_settings(&settings)?;
-            let report = inspect::inspect(&file, &settings)?;
+            let report = inspect::inspect(&file, &settings.parse()?)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
             } else {
                 print!("{}", report.to_text());
             }
-            Ok(())
+        }
+        Command::Validate { file, seeds, call_timeout_ms, memory_mib, settings } => {
+            let limits = SandboxLimits {
+                call_timeout: Duration::from_millis(call_timeout_ms),
+                memory_bytes: memory_mib << 20,
+                ..SandboxLimits::default()
+            };
+            let opts = validate::Options { settings: settings.parse()?, seeds: seeds.max(2), limits };
+            let report = validate::validate(&file, &opts);
+            print!("{}", report.to_text());
+            if !report.passed() {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Command::Play { file, seed, settings } => {
+            let stdin = std::io::stdin();
+            play::play(&file, seed, &settings.parse()?, &mut stdin.lock(), &mut std::io::stdout())?;
+        }
+        Command::Bench { file, envs, threads, seconds, envs_per_instance, json, settings } => {
+            if envs == 0 || !(seconds > 0.0) {
+                bail!("--envs and --seconds must be positive");
+            }
+            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
+            let opts = bench::Options { envs, threads, seconds, envs_per_instance, settings: settings.parse()? };
+            let report = bench::bench(&file, &opts)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
+            } else {
+                print!("{}", report.to_text());
+            }
         }
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -1,20 +1,9 @@
 //! `ragen-host inspect`, run as a user runs it.
 
+mod common;
+
+use common::{plugin, ragen_host};
 use std::path::PathBuf;
-use std::process::Command;
-
-fn plugin(name: &str) -> PathBuf {
-    let dir = std::env::var_os("RAGEN_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/plugins"));
-    let path = dir.join(format!("{name}.wasm"));
-    assert!(path.exists(), "{} is missing: run `make plugins` first", path.display());
-    path
-}
-
-fn ragen_host(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ragen-host")).args(args).output().unwrap()
-}
 
 #[test]
 fn inspect_json_describes_the_plugin() {

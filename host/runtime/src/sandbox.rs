@@ -123,8 +123,8 @@ pub(crate) fn classify(error: wasmtime::Error, call: &str, state: &StoreState, l
         return Fault {
             kind: FaultKind::MemoryCap,
             message: format!(
-                "{call}: the plugin tried to grow its memory to {} MiB, past the cap of {} MiB",
-                desired >> 20,
+                "{call}: the plugin tried to grow its memory to {:.1} MiB, past the cap of {} MiB",
+                desired as f64 / (1 << 20) as f64,
                 limits.memory_bytes >> 20
             ),
         };
@@ -135,5 +135,30 @@ pub(crate) fn classify(error: wasmtime::Error, call: &str, state: &StoreState, l
             message: format!("{call}: did not return within the time budget of {} ms (an endless loop?)", limits.call_timeout.as_millis()),
         };
     }
-    Fault { kind: FaultKind::Trap, message: format!("{call}: the plugin trapped: {error:#}") }
+    Fault { kind: FaultKind::Trap, message: format!("{call}: {}", describe_trap(&error)) }
+}
+
+/// One line a plugin author can act on. A Rust panic shows up as a trap
+/// inside the standard library's panic machinery (which then trips over the
+/// environment variables and stderr the sandbox does not grant), so the root
+/// cause wasmtime reports would mislead; name the panic instead.
+fn describe_trap(error: &wasmtime::Error) -> String {
+    let full = format!("{error:?}");
+    if full.contains("panicking") || full.contains("panic_fmt") || full.contains("rust_panic") {
+        return "the plugin panicked (its message is not shown: the sandbox grants no stderr; \
+                run the env natively to see it)"
+            .to_string();
+    }
+    let root = error.root_cause().to_string();
+    let frames: Vec<&str> = full
+        .lines()
+        .filter_map(|l| l.split_once(" - ").map(|(_, f)| f.trim()))
+        .filter(|f| !f.starts_with("<unknown>"))
+        .take(3)
+        .collect();
+    if frames.is_empty() {
+        format!("the plugin trapped: {root}")
+    } else {
+        format!("the plugin trapped: {root} (in {})", frames.join(" < "))
+    }
 }

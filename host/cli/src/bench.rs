@@ -1,0 +1,216 @@
+//! `ragen-host bench`: throughput through the sandbox and the same env
+//! compiled natively, measured in the same run, plus memory per env.
+
+use anyhow::{Context, Result, anyhow};
+use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
+use ragen_runtime::{EnvPool, Plugin, PoolConfig};
+use serde::Serialize;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct Options {
+    pub envs: usize,
+    pub threads: usize,
+    pub seconds: f64,
+    pub envs_per_instance: usize,
+    pub settings: Vec<(String, String)>,
+}
+
+#[derive(Serialize, Clone, Copy)]
+pub struct Rates {
+    pub resets_per_sec: f64,
+    /// Env steps per second of stepping; the autoresets that keep episodes
+    /// going are part of the time, the same way natively and sandboxed.
+    pub steps_per_sec: f64,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub plugin: String,
+    pub name: String,
+    pub envs: usize,
+    pub threads: usize,
+    pub instances: usize,
+    pub envs_per_instance: usize,
+    pub sandboxed: Rates,
+    /// The same env compiled natively (for the plugins ragen-rs ships).
+    pub native: Option<Rates>,
+    /// Sandboxed rate / native rate.
+    pub ratio: Option<Rates>,
+    /// Mean time to create one plugin instance, in milliseconds.
+    pub instantiate_ms: f64,
+    /// Growth of this process's resident memory per env, in bytes.
+    pub resident_bytes_per_env: f64,
+    /// Linear memory of all instances per env, in bytes.
+    pub linear_memory_bytes_per_env: f64,
+    /// Failed env calls during the run (0 for a healthy plugin).
+    pub failures: usize,
+}
+
+fn resident_bytes() -> usize {
+    // /proc/self/statm: size resident shared ... in pages.
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|r| r.parse::<usize>().ok()))
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+/// Call `batch` repeatedly for `budget`; returns items per second.
+fn rate(budget: Duration, mut batch: impl FnMut(u64) -> Result<usize>) -> Result<f64> {
+    let started = Instant::now();
+    let (mut items, mut round) = (0usize, 0u64);
+    while started.elapsed() < budget || round == 0 {
+        items += batch(round)?;
+        round += 1;
+    }
+    Ok(items as f64 / started.elapsed().as_secs_f64())
+}
+
+pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
+    let plugin = Arc::new(Plugin::from_file(file)?);
+    let info = plugin.instantiate()?.info()?;
+    let half = Duration::from_secs_f64(opts.seconds / 2.0);
+
+    let t = Instant::now();
+    let probes = 16;
+    for _ in 0..probes {
+        drop(plugin.instantiate()?);
+    }
+    let instantiate_ms = t.elapsed().as_secs_f64() * 1e3 / probes as f64;
+
+    let before = resident_bytes();
+    let config = PoolConfig {
+        threads: opts.threads,
+        envs_per_instance: opts.envs_per_instance,
+        settings: opts.settings.clone(),
+        ..PoolConfig::new(opts.envs)
+    };
+    let pool = EnvPool::new(plugin.clone(), &config)?;
+    let stats = pool.stats()?;
+    let num_actions = {
+        let mut inst = plugin.instantiate()?;
+        let env = inst.create(&opts.settings)?.map_err(|e| anyhow!("the plugin rejected the settings: {}", e.message))?;
+        inst.spec(env)?.actions.len()
+    };
+    let n = opts.envs;
+    let mut failures = 0;
+    let resets = rate(half, |round| {
+        let seeds: Vec<u64> = (0..n as u64).map(|i| round * n as u64 + i).collect();
+        let out = pool.reset_all(&seeds)?;
+        failures += out.iter().filter(|r| r.is_err()).count();
+        Ok(n)
+    })?;
+    // Resident memory once every env holds a running episode.
+    let resident_bytes_per_env = resident_bytes().saturating_sub(before) as f64 / n as f64;
+    let mut rng = SeedRng::new(1);
+    let steps = rate(half, |_| {
+        let actions: Vec<u32> = (0..n).map(|_| rng.below(num_actions) as u32).collect();
+        let out = pool.step_all(&actions)?;
+        failures += out.iter().filter(|r| r.is_err()).count();
+        Ok(n)
+    })?;
+    let sandboxed = Rates { resets_per_sec: resets, steps_per_sec: steps };
+
+    let native = match info.name.as_str() {
+        "bandit" => Some(native::<ragen_env_bandit::Bandit>(opts, num_actions, half)?),
+        "sokoban" => Some(native::<ragen_env_sokoban::Sokoban>(opts, num_actions, half)?),
+        "frozenlake" => Some(native::<ragen_env_frozenlake::FrozenLake>(opts, num_actions, half)?),
+        _ => None,
+    };
+    let ratio = native.map(|nat| Rates {
+        resets_per_sec: sandboxed.resets_per_sec / nat.resets_per_sec,
+        steps_per_sec: sandboxed.steps_per_sec / nat.steps_per_sec,
+    });
+    Ok(Report {
+        plugin: file.display().to_string(),
+        name: info.name,
+        envs: n,
+        threads: opts.threads,
+        instances: stats.instances,
+        envs_per_instance: opts.envs_per_instance,
+        sandboxed,
+        native,
+        ratio,
+        instantiate_ms,
+        resident_bytes_per_env,
+        linear_memory_bytes_per_env: stats.memory_bytes as f64 / n as f64,
+        failures,
+    })
+}
+
+/// The same workload on the env compiled natively: `opts.envs` envs split
+/// over `opts.threads` threads, next-step autoreset as in the pool.
+fn native<E: Environment>(opts: &Options, num_actions: usize, budget: Duration) -> Result<Rates> {
+    let per_thread = opts.envs.div_ceil(opts.threads.max(1));
+    let run = |reset_phase: bool| -> Result<f64> {
+        let totals: Vec<Result<(usize, f64)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..opts.threads.max(1))
+                .map(|t| {
+                    s.spawn(move || -> Result<(usize, f64)> {
+                        let count = per_thread.min(opts.envs.saturating_sub(t * per_thread));
+                        let mut envs: Vec<CheckedEnv<E>> =
+                            (0..count).map(|_| CheckedEnv::create(&opts.settings)).collect::<Result<_, _>>().map_err(|e| anyhow!("{e}"))?;
+                        let mut done = vec![false; count];
+                        let mut rng = SeedRng::new(t as u64);
+                        for (i, env) in envs.iter_mut().enumerate() {
+                            env.reset(i as u64).map_err(|e| anyhow!("{e}"))?;
+                        }
+                        let started = Instant::now();
+                        let (mut items, mut round) = (0usize, 1u64);
+                        while started.elapsed() < budget {
+                            for (i, env) in envs.iter_mut().enumerate() {
+                                if reset_phase || done[i] {
+                                    env.reset(round * 1_000_003 + i as u64).map_err(|e| anyhow!("{e}"))?;
+                                    done[i] = false;
+                                } else {
+                                    done[i] = env.step(rng.below(num_actions) as u32).map_err(|e| anyhow!("{e}"))?.done;
+                                }
+                            }
+                            items += count;
+                            round += 1;
+                        }
+                        Ok((items, started.elapsed().as_secs_f64()))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().map_err(|_| anyhow!("a native bench thread panicked"))?).collect()
+        });
+        let mut rate = 0.0;
+        for r in totals {
+            let (items, secs) = r.context("native baseline")?;
+            rate += items as f64 / secs;
+        }
+        Ok(rate)
+    };
+    Ok(Rates { resets_per_sec: run(true)?, steps_per_sec: run(false)? })
+}
+
+impl Report {
+    pub fn to_text(&self) -> String {
+        let mut s = format!(
+            "bench {} ({}): {} envs, {} threads, {} instances of up to {} envs\n",
+            self.plugin, self.name, self.envs, self.threads, self.instances, self.envs_per_instance
+        );
+        let line = |what: &str, r: &Rates| format!("  {what:<10} {:>12.0} resets/s {:>12.0} steps/s\n", r.resets_per_sec, r.steps_per_sec);
+        s += &line("sandboxed", &self.sandboxed);
+        match (&self.native, &self.ratio) {
+            (Some(n), Some(r)) => {
+                s += &line("native", n);
+                s += &format!("  {:<10} {:>12.2} x        {:>12.2} x  (sandboxed / native)\n", "ratio", r.resets_per_sec, r.steps_per_sec);
+            }
+            _ => s += "  native     (no native build of this plugin to compare with)\n",
+        }
+        s += &format!(
+            "  memory     {:.1} KiB resident per env, {:.1} KiB of linear memory per env\n  instantiate {:.2} ms per instance\n",
+            self.resident_bytes_per_env / 1024.0,
+            self.linear_memory_bytes_per_env / 1024.0,
+            self.instantiate_ms
+        );
+        if self.failures > 0 {
+            s += &format!("  failures   {} env calls failed during the run\n", self.failures);
+        }
+        s
+    }
+}

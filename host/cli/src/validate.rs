@@ -1,0 +1,376 @@
+//! `ragen-host validate`: the conformance run a plugin author uses before
+//! sharing a plugin. Each check runs in a fresh instance, so one fault does
+//! not hide the others; each failure says what to fix.
+
+use ragen_runtime::{ErrorKind, Fault, FaultKind, Plugin, PluginInstance, SandboxLimits, StepResult};
+use ragen_env_sdk::SeedRng;
+use std::collections::HashSet;
+use std::fmt::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Below these a plugin is too slow to train on.
+const MIN_RESETS_PER_SEC: f64 = 10.0;
+const MIN_STEPS_PER_SEC: f64 = 100.0;
+
+pub struct Options {
+    pub settings: Vec<(String, String)>,
+    pub seeds: u64,
+    pub limits: SandboxLimits,
+}
+
+pub struct Check {
+    pub name: &'static str,
+    pub result: Result<String, String>,
+}
+
+pub struct Report {
+    pub file: String,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.result.is_ok())
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut s = format!("validate {}\n", self.file);
+        for c in &self.checks {
+            let _ = match &c.result {
+                Ok(detail) => writeln!(s, "  ok    {:<13} {detail}", c.name),
+                Err(problem) => writeln!(s, "  FAIL  {:<13} {problem}", c.name),
+            };
+        }
+        let failed = self.checks.iter().filter(|c| c.result.is_err()).count();
+        let _ = if failed == 0 {
+            writeln!(s, "PASS: all {} checks passed", self.checks.len())
+        } else {
+            writeln!(s, "FAIL: {failed} of {} checks failed", self.checks.len())
+        };
+        s
+    }
+}
+
+/// What to do about a fault, for the plugin author.
+fn fix_for(fault: &Fault) -> &'static str {
+    match fault.kind {
+        FaultKind::Timeout => "fix: a call must return promptly; look for an endless loop (or raise --call-timeout-ms if it is only slow)",
+        FaultKind::MemoryCap => "fix: memory grows without bound; look for a leak or unbounded buffer (or raise --memory-mib)",
+        FaultKind::Trap => "fix: the plugin panicked or hit `unreachable`; return an env-error result instead of trapping",
+    }
+}
+
+fn faulted(context: &str, fault: &Fault) -> String {
+    format!("{context}: {} ({})", fault.message, fix_for(fault))
+}
+
+/// One played step, kept to compare runs.
+#[derive(PartialEq)]
+struct Record {
+    observation: String,
+    reward_bits: u64,
+    done: bool,
+    flags: (bool, bool, bool),
+}
+
+impl From<&StepResult> for Record {
+    fn from(r: &StepResult) -> Self {
+        Record {
+            observation: r.observation.clone(),
+            reward_bits: r.reward.to_bits(),
+            done: r.done,
+            flags: (r.info.success, r.info.action_is_valid, r.info.action_is_effective),
+        }
+    }
+}
+
+struct Validator<'a> {
+    plugin: &'a Plugin,
+    opts: &'a Options,
+    num_actions: u32,
+    max_steps: u32,
+}
+
+impl Validator<'_> {
+    fn fresh(&self) -> Result<PluginInstance, String> {
+        self.plugin.instantiate().map_err(|e| format!("cannot instantiate: {e:#}"))
+    }
+
+    /// A fresh instance with one env created from the settings.
+    fn env(&self) -> Result<(PluginInstance, ragen_runtime::EnvHandle), String> {
+        let mut inst = self.fresh()?;
+        let env = inst
+            .create(&self.opts.settings)
+            .map_err(|f| faulted("create", &f))?
+            .map_err(|e| format!("create with the given settings failed: {}", e.message))?;
+        Ok((inst, env))
+    }
+
+    /// Play one episode from `seed` with actions drawn from the seed.
+    fn episode(&self, inst: &mut PluginInstance, env: ragen_runtime::EnvHandle, seed: u64) -> Result<(String, Vec<Record>, Vec<f64>), String> {
+        let first = inst
+            .reset(env, seed)
+            .map_err(|f| faulted(&format!("reset(seed {seed})"), &f))?
+            .map_err(|e| format!("reset(seed {seed}) failed: {}", e.message))?;
+        let mut actions = SeedRng::new(seed ^ 0x5eed);
+        let (mut records, mut numbers) = (Vec::new(), Vec::new());
+        for t in 0..self.max_steps.min(200) {
+            let a = actions.below(self.num_actions as usize) as u32;
+            let r = inst
+                .step(env, a)
+                .map_err(|f| faulted(&format!("step {t} of seed {seed}"), &f))?
+                .map_err(|e| format!("step {t} of seed {seed} (action {a}) failed: {}", e.message))?;
+            numbers.push(r.reward);
+            numbers.extend(r.info.metrics.iter().map(|m| m.value));
+            records.push(Record::from(&r));
+            if r.done {
+                break;
+            }
+        }
+        Ok((first, records, numbers))
+    }
+
+    fn metadata(&self, inst: &mut PluginInstance) -> Result<String, String> {
+        let info = inst.info().map_err(|f| faulted("info", &f))?;
+        let mut problems = Vec::new();
+        for (field, value) in [("name", &info.name), ("version", &info.version), ("description", &info.description)] {
+            if value.trim().is_empty() {
+                problems.push(format!("info.{field} is empty"));
+            }
+        }
+        let mut keys = HashSet::new();
+        for k in &info.config_keys {
+            if !keys.insert(k.name.clone()) {
+                problems.push(format!("config key `{}` is declared twice", k.name));
+            }
+        }
+        let env = inst
+            .create(&self.opts.settings)
+            .map_err(|f| faulted("create", &f))?
+            .map_err(|e| format!("create with the given settings failed: {}", e.message))?;
+        let spec = inst.spec(env).map_err(|f| faulted("spec", &f))?;
+        if spec.instructions.trim().is_empty() {
+            problems.push("spec.instructions is empty: the agent would not know the task".into());
+        }
+        if spec.actions.is_empty() {
+            problems.push("spec.actions is empty".into());
+        }
+        let mut names = HashSet::new();
+        for a in &spec.actions {
+            if a.trim().is_empty() || a.contains("||") || a.contains('<') {
+                problems.push(format!("action name `{a}` is empty or contains `||` or `<`, which the answer format reserves"));
+            }
+            if !names.insert(a.to_lowercase()) {
+                problems.push(format!("action `{a}` appears twice (names match case-insensitively)"));
+            }
+        }
+        for l in &spec.legend {
+            if l.symbol.is_empty() || l.meaning.trim().is_empty() {
+                problems.push(format!("legend entry `{}` = `{}` has an empty part", l.symbol, l.meaning));
+            }
+        }
+        let lim = &spec.limits;
+        if lim.max_actions_per_episode == 0 || lim.max_actions_per_turn == 0 || lim.max_turns == 0 || lim.max_steps == 0 {
+            problems.push("every limit must be at least 1".into());
+        }
+        if !problems.is_empty() {
+            return Err(format!("{} (fix the plugin's info/spec)", problems.join("; ")));
+        }
+        Ok(format!(
+            "{} {}, {} actions, {} legend entries, {} config keys",
+            info.name,
+            info.version,
+            spec.actions.len(),
+            spec.legend.len(),
+            info.config_keys.len()
+        ))
+    }
+
+    fn determinism(&self) -> Result<String, String> {
+        let (mut a, ea) = self.env()?;
+        let (mut b, eb) = self.env()?;
+        let mut steps = 0;
+        for seed in 0..self.opts.seeds {
+            let (first_a, run_a, _) = self.episode(&mut a, ea, seed)?;
+            let (first_b, run_b, _) = self.episode(&mut b, eb, seed)?;
+            if first_a != first_b {
+                return Err(format!("seed {seed}: two resets gave different states (fix: draw randomness only from the seed)"));
+            }
+            if let Some(t) = run_a.iter().zip(&run_b).position(|(x, y)| x != y).or((run_a.len() != run_b.len()).then_some(0)) {
+                return Err(format!("seed {seed}, step {t}: two runs with the same actions differ (fix: draw randomness only from the seed)"));
+            }
+            steps += run_a.len();
+        }
+        Ok(format!("{} seeds replayed identically in two instances ({steps} steps)", self.opts.seeds))
+    }
+
+    fn seeds_differ(&self) -> Result<String, String> {
+        let (mut inst, env) = self.env()?;
+        let mut states = HashSet::new();
+        for seed in 0..self.opts.seeds {
+            let obs = inst.reset(env, seed).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset(seed {seed}) failed: {}", e.message))?;
+            states.insert(obs);
+        }
+        if states.len() < 2 {
+            return Err(format!("all {} seeds gave the same initial state (fix: derive the initial state from the seed)", self.opts.seeds));
+        }
+        Ok(format!("{} distinct initial states from {} seeds", states.len(), self.opts.seeds))
+    }
+
+    fn finite(&self) -> Result<String, String> {
+        let (mut inst, env) = self.env()?;
+        let mut count = 0;
+        let cap = self.plugin.limits().max_observation_bytes;
+        for seed in 0..self.opts.seeds {
+            let (first, records, numbers) = self.episode(&mut inst, env, seed)?;
+            if let Some(x) = numbers.iter().find(|x| !x.is_finite()) {
+                return Err(format!("seed {seed}: a reward or metric is {x} (fix: rewards and metrics must be finite numbers)"));
+            }
+            if let Some(big) = std::iter::once(&first).chain(records.iter().map(|r| &r.observation)).find(|o| o.len() > cap) {
+                return Err(format!("seed {seed}: an observation of {} bytes exceeds the cap of {cap} bytes", big.len()));
+            }
+            count += numbers.len();
+        }
+        Ok(format!("{count} rewards and metrics, all finite; observations within {cap} bytes"))
+    }
+
+    fn bad_config(&self) -> Result<String, String> {
+        let mut inst = self.fresh()?;
+        let info = inst.info().map_err(|f| faulted("info", &f))?;
+        let unknown = [("ragen-validate-unknown-key".to_string(), "1".to_string())];
+        match inst.create(&unknown).map_err(|f| faulted("create with an unknown key", &f))? {
+            Err(e) if e.kind == ErrorKind::UnknownKey => {}
+            Err(e) => return Err(format!("an unknown key gave a {:?} error; it should be unknown-key ({})", e.kind, e.message)),
+            Ok(_) => return Err("an unknown config key was accepted (fix: reject keys you do not declare)".into()),
+        }
+        let mut rejected = 0;
+        for key in &info.config_keys {
+            for garbage in ["", "-1", "NaN", "not a value \u{1}"] {
+                let settings = [(key.name.clone(), garbage.to_string())];
+                match inst.create(&settings) {
+                    Err(f) => return Err(faulted(&format!("create with {}={garbage:?}", key.name), &f)),
+                    Ok(Err(_)) => rejected += 1,
+                    Ok(Ok(env)) => inst.drop_env(env).map_err(|f| faulted("drop", &f))?,
+                }
+            }
+        }
+        Ok(format!("unknown key rejected; {rejected} malformed values rejected without trapping"))
+    }
+
+    fn bad_action(&self) -> Result<String, String> {
+        let (mut inst, env) = self.env()?;
+        inst.reset(env, 0).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset(0) failed: {}", e.message))?;
+        for action in [self.num_actions, u32::MAX] {
+            match inst.step(env, action).map_err(|f| faulted(&format!("step with action id {action}"), &f))? {
+                Err(e) if e.kind == ErrorKind::BadAction => {}
+                Err(e) => return Err(format!("action id {action} gave a {:?} error; it should be bad-action", e.kind)),
+                Ok(_) => return Err(format!("action id {action} (out of range) was accepted (fix: return a bad-action error)")),
+            }
+        }
+        Ok(format!("ids {} and {} rejected with bad-action", self.num_actions, u32::MAX))
+    }
+
+    fn episode_rules(&self) -> Result<String, String> {
+        let (mut inst, env) = self.env()?;
+        match inst.step(env, 0).map_err(|f| faulted("step before reset", &f))? {
+            Err(e) if e.kind == ErrorKind::NotStarted => {}
+            other => return Err(format!("step before reset gave {other:?}; it should be a not-started error")),
+        }
+        // Play until done, then step once more.
+        for seed in 0..self.opts.seeds {
+            inst.reset(env, seed).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset failed: {}", e.message))?;
+            for t in 0..self.max_steps.saturating_add(1) {
+                let r = inst.step(env, t % self.num_actions).map_err(|f| faulted("step", &f))?;
+                match r {
+                    Ok(r) if r.done => {
+                        return match inst.step(env, 0).map_err(|f| faulted("step after done", &f))? {
+                            Err(e) if e.kind == ErrorKind::EpisodeOver => {
+                                inst.reset(env, seed).map_err(|f| faulted("reset after done", &f))?.map_err(|e| format!("reset after done failed: {}", e.message))?;
+                                Ok("step before reset is not-started; step after done is episode-over; reset starts over".into())
+                            }
+                            other => Err(format!("step after done gave {other:?}; it should be an episode-over error")),
+                        };
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(format!("step {t} of seed {seed} failed: {}", e.message)),
+                }
+            }
+        }
+        Err(format!("no episode ended within max_steps ({}) steps (fix: end episodes at max_steps)", self.max_steps))
+    }
+
+    fn speed(&self) -> Result<String, String> {
+        let (mut inst, env) = self.env()?;
+        let budget = Duration::from_millis(500);
+        let started = Instant::now();
+        let mut resets = 0u64;
+        while started.elapsed() < budget {
+            inst.reset(env, resets).map_err(|f| faulted("timing resets", &f))?.map_err(|e| format!("reset failed: {}", e.message))?;
+            resets += 1;
+        }
+        let resets_per_sec = resets as f64 / started.elapsed().as_secs_f64();
+        let mut rng = SeedRng::new(7);
+        let (mut steps, mut seed) = (0u64, 0u64);
+        let mut step_time = Duration::ZERO;
+        inst.reset(env, seed).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset failed: {}", e.message))?;
+        while step_time < budget {
+            let t = Instant::now();
+            let r = inst.step(env, rng.below(self.num_actions as usize) as u32).map_err(|f| faulted("timing steps", &f))?;
+            step_time += t.elapsed();
+            steps += 1;
+            if r.map(|r| r.done).unwrap_or(true) {
+                seed += 1;
+                inst.reset(env, seed).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset failed: {}", e.message))?;
+            }
+        }
+        let steps_per_sec = steps as f64 / step_time.as_secs_f64();
+        let line = format!("{resets_per_sec:.0} resets/s, {steps_per_sec:.0} steps/s (one instance, one thread)");
+        if resets_per_sec < MIN_RESETS_PER_SEC || steps_per_sec < MIN_STEPS_PER_SEC {
+            return Err(format!("{line}: too slow to train on (needs {MIN_RESETS_PER_SEC} resets/s and {MIN_STEPS_PER_SEC} steps/s)"));
+        }
+        Ok(line)
+    }
+}
+
+/// Run every check on `file`.
+pub fn validate(file: &Path, opts: &Options) -> Report {
+    let name = file.display().to_string();
+    let mut checks = Vec::new();
+    let plugin = match Plugin::from_file_with(file, opts.limits.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            checks.push(Check { name: "load", result: Err(format!("{e:#}")) });
+            return Report { file: name, checks };
+        }
+    };
+    checks.push(Check {
+        name: "load",
+        result: Ok(format!("component, ragen:env@{}, {} bytes", plugin.contract_version(), plugin.size_bytes())),
+    });
+    let mut v = Validator { plugin: &plugin, opts, num_actions: 0, max_steps: 0 };
+    let meta = v.fresh().and_then(|mut inst| {
+        let r = v.metadata(&mut inst)?;
+        let env = inst.create(&opts.settings).map_err(|f| faulted("create", &f))?.map_err(|e| e.message)?;
+        let spec = inst.spec(env).map_err(|f| faulted("spec", &f))?;
+        Ok((r, spec.actions.len() as u32, spec.limits.max_steps))
+    });
+    match meta {
+        Ok((detail, n, max_steps)) if n > 0 => {
+            (v.num_actions, v.max_steps) = (n, max_steps.max(1));
+            checks.push(Check { name: "metadata", result: Ok(detail) });
+        }
+        Ok((detail, ..)) | Err(detail) => {
+            checks.push(Check { name: "metadata", result: Err(detail) });
+            return Report { file: name, checks };
+        }
+    }
+    checks.push(Check { name: "determinism", result: v.determinism() });
+    checks.push(Check { name: "seeds differ", result: v.seeds_differ() });
+    checks.push(Check { name: "finite", result: v.finite() });
+    checks.push(Check { name: "bad config", result: v.bad_config() });
+    checks.push(Check { name: "bad action", result: v.bad_action() });
+    checks.push(Check { name: "episode rules", result: v.episode_rules() });
+    checks.push(Check { name: "speed", result: v.speed() });
+    Report { file: name, checks }
+}

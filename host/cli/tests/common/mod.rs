@@ -1,0 +1,39 @@
+//! Helpers shared by the CLI tests: find the built plugins, run the binary.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn dir(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(default))
+}
+
+/// A shipped plugin (`make plugins`).
+pub fn plugin(name: &str) -> PathBuf {
+    let path = dir("RAGEN_PLUGIN_DIR", "../../target/plugins").join(format!("{name}.wasm"));
+    assert!(path.exists(), "{} is missing: run `make plugins` first", path.display());
+    path
+}
+
+/// A deliberately broken plugin (`make test-plugins`).
+pub fn faulty(fault: &str) -> PathBuf {
+    let path = dir("RAGEN_TEST_PLUGIN_DIR", "../../target/test-plugins").join(format!("{fault}.wasm"));
+    assert!(path.exists(), "{} is missing: run `make test-plugins` first", path.display());
+    path
+}
+
+/// A scratch directory for files a test writes.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn ragen_host(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ragen-host")).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+pub fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
