@@ -56,7 +56,9 @@ fn same_as_native<E: Environment>(file: &str, settings: &[(&str, &str)], episode
     let env = inst.create(&pairs(settings)).unwrap().unwrap();
     let mut native = CheckedEnv::<E>::with(settings).unwrap();
     let num_actions = native.spec().actions.len();
-    assert_eq!(inst.spec(env).unwrap().actions, native.spec().actions);
+    let spec = inst.spec(env).unwrap();
+    assert_eq!(spec.actions, native.spec().actions);
+    assert_eq!(spec.metrics, native.spec().metrics);
     let mut actions = SeedRng::new(99);
     for seed in 0..episodes {
         assert_eq!(inst.reset(env, seed).unwrap().unwrap(), native.reset(seed).unwrap(), "{file} seed {seed}");
@@ -69,9 +71,7 @@ fn same_as_native<E: Environment>(file: &str, settings: &[(&str, &str)], episode
                     assert_eq!(w.reward.to_bits(), n.reward.to_bits(), "{file} seed {seed} step {t}");
                     assert_eq!((w.done, w.info.success), (n.done, n.info.success));
                     assert_eq!((w.info.action_is_valid, w.info.action_is_effective), (n.info.action_is_valid, n.info.action_is_effective));
-                    let wm: Vec<(String, f64)> = w.info.metrics.into_iter().map(|m| (m.name, m.value)).collect();
-                    let nm: Vec<(String, f64)> = n.info.metrics.into_iter().map(|m| (m.name, m.value)).collect();
-                    assert_eq!(wm, nm);
+                    assert_eq!(w.info.metrics, n.info.metrics);
                 }
                 (Err(w), Err(n)) => {
                     assert_eq!(w.message, n.message);

@@ -125,6 +125,7 @@ impl Environment for Bandit {
             legend: vec![],
             actions: vec![a.clone(), b.clone()],
             limits: Limits { max_actions_per_episode: 1, max_actions_per_turn: 1, max_turns: 1, max_steps: 1 },
+            metrics: vec![],
         }
     }
 

@@ -12,7 +12,7 @@ pub mod values;
 
 use lake::{Dir, Lake, Tile};
 use ragen_env_sdk::{
-    Config, ConfigKey, EnvError, EnvSpec, Environment, LegendEntry, Limits, Metric, PluginInfo, SeedRng, StepInfo,
+    Config, ConfigKey, EnvError, EnvSpec, Environment, LegendEntry, Limits, PluginInfo, SeedRng, StepInfo,
     StepOutcome,
 };
 use values::Slip;
@@ -134,6 +134,7 @@ impl Environment for FrozenLake {
             ],
             actions: Dir::ALL.iter().map(|d| d.name().to_string()).collect(),
             limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: self.max_steps },
+            metrics: vec!["slipped".into()],
         }
     }
 
@@ -174,7 +175,7 @@ impl Environment for FrozenLake {
                 success,
                 action_is_valid: true,
                 action_is_effective: effective,
-                metrics: vec![Metric { name: "slipped".into(), value: (taken != intended) as u8 as f64 }],
+                metrics: vec![(taken != intended) as u8 as f64],
             },
         }
     }

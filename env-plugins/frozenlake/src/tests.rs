@@ -62,7 +62,7 @@ fn direction_frequencies(settings: &[(&str, &str)], n: u64) -> [f64; 3] {
             13 => 2,
             other => panic!("Up from 12 landed on {other}"),
         };
-        assert_eq!(out.info.metrics[0].value, (idx != 0) as u8 as f64, "slipped metric");
+        assert_eq!(out.info.metrics[0], (idx != 0) as u8 as f64, "slipped metric");
         counts[idx] += 1;
     }
     counts.map(|c| c as f64 / n as f64)

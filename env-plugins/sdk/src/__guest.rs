@@ -61,7 +61,7 @@ fn outcome(o: t::StepOutcome) -> wt::StepResult {
             success: o.info.success,
             action_is_valid: o.info.action_is_valid,
             action_is_effective: o.info.action_is_effective,
-            metrics: o.info.metrics.into_iter().map(|m| wt::Metric { name: m.name, value: m.value }).collect(),
+            metrics: o.info.metrics,
         },
     }
 }
@@ -84,6 +84,7 @@ impl<E: Environment> wit::GuestEnv for GuestEnv<E> {
                 max_turns: s.limits.max_turns,
                 max_steps: s.limits.max_steps,
             },
+            metrics: s.metrics,
         }
     }
 

@@ -65,13 +65,8 @@ pub struct EnvSpec {
     /// Action names; an action's id is its index here.
     pub actions: Vec<String>,
     pub limits: Limits,
-}
-
-/// A named number reported beside the reward.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Metric {
-    pub name: String,
-    pub value: f64,
+    /// Names of the numbers each step reports in `StepInfo::metrics`.
+    pub metrics: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -79,7 +74,8 @@ pub struct StepInfo {
     pub success: bool,
     pub action_is_valid: bool,
     pub action_is_effective: bool,
-    pub metrics: Vec<Metric>,
+    /// One value per name in `EnvSpec::metrics`, in that order.
+    pub metrics: Vec<f64>,
 }
 
 /// What one `step` returns.

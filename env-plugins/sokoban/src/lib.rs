@@ -13,7 +13,7 @@ pub mod symbols;
 
 use generate::MAX_BOXES;
 use ragen_env_sdk::{
-    Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, Metric, PluginInfo, StepInfo, StepOutcome,
+    Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, StepInfo, StepOutcome,
 };
 use room::{Dir, Room};
 use symbols::Symbols;
@@ -153,6 +153,7 @@ impl Environment for Sokoban {
             legend: self.symbols.legend(),
             actions: Dir::ALL.iter().map(|d| d.name().to_string()).collect(),
             limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: self.max_steps },
+            metrics: vec!["boxes_on_target".into()],
         }
     }
 
@@ -188,7 +189,7 @@ impl Environment for Sokoban {
                 success: solved,
                 action_is_valid: true,
                 action_is_effective: moved.player,
-                metrics: vec![Metric { name: "boxes_on_target".into(), value: now as f64 }],
+                metrics: vec![now as f64],
             },
         }
     }

@@ -90,6 +90,11 @@ impl Room {
         self.player
     }
 
+    /// Each row's tiles and box flags, top to bottom.
+    pub fn rows(&self) -> impl Iterator<Item = (&[Tile], &[bool])> {
+        self.tiles.chunks(self.width).zip(self.boxes.chunks(self.width))
+    }
+
     /// The cell next to `cell` in direction `dir`, if it is inside the grid.
     pub fn neighbor(&self, cell: usize, dir: Dir) -> Option<usize> {
         let (r, c) = (cell / self.width, cell % self.width);

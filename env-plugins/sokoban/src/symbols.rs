@@ -59,30 +59,26 @@ impl Symbols {
         self.all().iter().zip(MEANINGS).map(|(s, m)| LegendEntry::new(s, m)).collect()
     }
 
-    fn symbol(&self, room: &Room, cell: usize) -> char {
-        let target = room.tile(cell) == Tile::Target;
-        if room.player() == cell {
-            if target { self.player_on_target } else { self.player }
-        } else if room.has_box(cell) {
-            if target { self.box_on_target } else { self.box_ }
-        } else {
-            match room.tile(cell) {
-                Tile::Wall => self.wall,
-                Tile::Floor => self.floor,
-                Tile::Target => self.target,
-            }
-        }
-    }
-
-    /// Rows of one symbol per cell, joined by `\n`.
+    /// Rows of one symbol per cell, joined by `\n`. This runs on every step,
+    /// so it walks the rows' slices directly instead of indexing cell by cell.
     pub fn render(&self, room: &Room) -> String {
-        let mut out = String::with_capacity(room.len() * 2 + room.height());
-        for r in 0..room.height() {
+        let mut out = String::with_capacity(room.len() * 3 + room.height());
+        let player = (room.player() / room.width(), room.player() % room.width());
+        for (r, (tiles, boxes)) in room.rows().enumerate() {
             if r > 0 {
                 out.push('\n');
             }
-            for c in 0..room.width() {
-                out.push(self.symbol(room, r * room.width() + c));
+            for (c, (&tile, &boxed)) in tiles.iter().zip(boxes).enumerate() {
+                let target = tile == Tile::Target;
+                out.push(match () {
+                    _ if (r, c) == player => if target { self.player_on_target } else { self.player },
+                    _ if boxed => if target { self.box_on_target } else { self.box_ },
+                    _ => match tile {
+                        Tile::Wall => self.wall,
+                        Tile::Floor => self.floor,
+                        Tile::Target => self.target,
+                    },
+                });
             }
         }
         out

@@ -28,7 +28,7 @@ fn pushes_a_box_and_pays_the_reference_rewards() {
     assert_eq!(win.observation, "#######\n#___P√#\n#######");
     assert!(close(win.reward, -0.1 + 1.0 + 10.0), "{}", win.reward);
     assert!(win.done && win.info.success);
-    assert_eq!(win.info.metrics[0].value, 1.0);
+    assert_eq!(win.info.metrics, [1.0]);
     assert_eq!(env.step(RIGHT).unwrap_err().kind, ErrorKind::EpisodeOver);
 }
 
@@ -60,7 +60,7 @@ fn box_onto_and_off_a_target() {
     let off = env.step(RIGHT).unwrap();
     assert_eq!(off.observation, "########\n#__SX_O#\n#_____X#\n########");
     assert!(close(off.reward, -0.1 - 1.0), "{}", off.reward);
-    assert_eq!(off.info.metrics[0].value, 0.0);
+    assert_eq!(off.info.metrics, [0.0]);
 }
 
 #[test]
@@ -195,6 +195,7 @@ fn actions_and_limits_match_the_reference() {
     assert_eq!(spec.actions, ["Up", "Down", "Left", "Right"]);
     assert_eq!(spec.limits.max_actions_per_episode, 10);
     assert_eq!(spec.limits.max_steps, 100);
+    assert_eq!(spec.metrics, ["boxes_on_target"]);
     let symbols: String = spec.legend.iter().map(|l| l.symbol.as_str()).collect();
     assert_eq!(symbols, "#_OX√PS");
 }

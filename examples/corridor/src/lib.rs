@@ -31,6 +31,7 @@ impl Environment for Corridor {
             legend: vec![LegendEntry::new('P', "you"), LegendEntry::new('_', "floor"), LegendEntry::new('E', "exit")],
             actions: vec!["Left".into(), "Right".into()],
             limits: Limits { max_actions_per_episode: 20, max_actions_per_turn: 5, max_turns: 5, max_steps: 20 },
+            metrics: vec![],
         }
     }
 

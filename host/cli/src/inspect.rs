@@ -39,6 +39,8 @@ pub struct EnvSpec {
     pub legend: Vec<Legend>,
     pub actions: Vec<String>,
     pub limits: Limits,
+    /// Names of the numbers each step reports beside the reward.
+    pub metrics: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -88,6 +90,7 @@ pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
                 max_turns: spec.limits.max_turns,
                 max_steps: spec.limits.max_steps,
             },
+            metrics: spec.metrics,
         },
         imports: plugin.imports().to_vec(),
     })
@@ -113,6 +116,9 @@ impl Report {
             "  limits        {} actions/episode, {} actions/turn, {} turns, {} steps",
             l.max_actions_per_episode, l.max_actions_per_turn, l.max_turns, l.max_steps
         );
+        if !self.env.metrics.is_empty() {
+            let _ = writeln!(s, "  metrics       {}", self.env.metrics.join(", "));
+        }
         let _ = writeln!(s, "  config keys   (set with --set KEY=VALUE)");
         let width = self.config_keys.iter().map(|k| k.name.len() + k.default.chars().count() + 3).max().unwrap_or(0);
         for k in &self.config_keys {

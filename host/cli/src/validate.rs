@@ -89,6 +89,7 @@ struct Validator<'a> {
     plugin: &'a Plugin,
     opts: &'a Options,
     num_actions: u32,
+    num_metrics: usize,
     max_steps: u32,
 }
 
@@ -122,7 +123,14 @@ impl Validator<'_> {
                 .map_err(|f| faulted(&format!("step {t} of seed {seed}"), &f))?
                 .map_err(|e| format!("step {t} of seed {seed} (action {a}) failed: {}", e.message))?;
             numbers.push(r.reward);
-            numbers.extend(r.info.metrics.iter().map(|m| m.value));
+            if r.info.metrics.len() != self.num_metrics {
+                return Err(format!(
+                    "step {t} of seed {seed} reported {} metric values but the spec names {} (fix: report one value per name in spec.metrics)",
+                    r.info.metrics.len(),
+                    self.num_metrics
+                ));
+            }
+            numbers.extend(r.info.metrics.iter().copied());
             records.push(Record::from(&r));
             if r.done {
                 break;
@@ -163,6 +171,12 @@ impl Validator<'_> {
             }
             if !names.insert(a.to_lowercase()) {
                 problems.push(format!("action `{a}` appears twice (names match case-insensitively)"));
+            }
+        }
+        let mut metric_names = HashSet::new();
+        for m in &spec.metrics {
+            if m.trim().is_empty() || !metric_names.insert(m.clone()) {
+                problems.push(format!("metric name `{m}` is empty or declared twice"));
             }
         }
         for l in &spec.legend {
@@ -348,16 +362,16 @@ pub fn validate(file: &Path, opts: &Options) -> Report {
         name: "load",
         result: Ok(format!("component, ragen:env@{}, {} bytes", plugin.contract_version(), plugin.size_bytes())),
     });
-    let mut v = Validator { plugin: &plugin, opts, num_actions: 0, max_steps: 0 };
+    let mut v = Validator { plugin: &plugin, opts, num_actions: 0, num_metrics: 0, max_steps: 0 };
     let meta = v.fresh().and_then(|mut inst| {
         let r = v.metadata(&mut inst)?;
         let env = inst.create(&opts.settings).map_err(|f| faulted("create", &f))?.map_err(|e| e.message)?;
         let spec = inst.spec(env).map_err(|f| faulted("spec", &f))?;
-        Ok((r, spec.actions.len() as u32, spec.limits.max_steps))
+        Ok((r, spec.actions.len() as u32, spec.metrics.len(), spec.limits.max_steps))
     });
     match meta {
-        Ok((detail, n, max_steps)) if n > 0 => {
-            (v.num_actions, v.max_steps) = (n, max_steps.max(1));
+        Ok((detail, n, metrics, max_steps)) if n > 0 => {
+            (v.num_actions, v.num_metrics, v.max_steps) = (n, metrics, max_steps.max(1));
             checks.push(Check { name: "metadata", result: Ok(detail) });
         }
         Ok((detail, ..)) | Err(detail) => {

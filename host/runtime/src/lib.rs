@@ -21,7 +21,7 @@ mod sandbox;
 mod shard;
 
 pub use bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo, StepResult};
-pub use bindings::ragen::env::types::{ConfigKey, EnvError, ErrorKind, LegendEntry, Limits, Metric, StepInfo};
+pub use bindings::ragen::env::types::{ConfigKey, EnvError, ErrorKind, LegendEntry, Limits, StepInfo};
 pub use contract::{CONTRACT_PACKAGE, CONTRACT_VERSION, ContractVersion};
 pub use instance::{EnvHandle, PluginInstance};
 pub use plugin::Plugin;

@@ -116,8 +116,8 @@ impl Shard {
         if !r.reward.is_finite() {
             return Err(format!("reward is {}; rewards must be finite numbers", r.reward));
         }
-        if let Some(m) = r.info.metrics.iter().find(|m| !m.value.is_finite()) {
-            return Err(format!("metric `{}` is {}; metrics must be finite numbers", m.name, m.value));
+        if let Some((i, v)) = r.info.metrics.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(format!("metric #{i} is {v}; metrics must be finite numbers"));
         }
         self.check_observation(&r.observation)
     }
@@ -143,8 +143,9 @@ impl Shard {
     }
 
     pub(crate) fn step(&mut self, slot: usize, action: u32, autoreset: bool) -> Result<PoolStep, EnvFailure> {
-        let episode = self.slots[slot].episode.clone();
-        let seed = match episode {
+        // Copy out what decides the branch; cloning the episode would copy
+        // its whole action history on every step.
+        let seed = match self.slots[slot].episode {
             Episode::Running { seed, .. } => seed,
             Episode::Fresh => {
                 let message = "step before the first reset; reset the env first".to_string();

@@ -37,6 +37,7 @@ impl Environment for Faulty {
             legend: vec![],
             actions: vec!["Inc".into(), "Stay".into()],
             limits: Limits { max_actions_per_episode: 5, max_actions_per_turn: 5, max_turns: 1, max_steps: 5 },
+            metrics: vec![],
         }
     }
 
