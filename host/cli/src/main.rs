@@ -1,6 +1,7 @@
 //! `ragen-host`: the ragen-rs command line.
 
 mod bench;
+mod eval;
 mod inspect;
 mod play;
 mod validate;
@@ -24,7 +25,8 @@ use std::time::Duration;
         ragen-host inspect target/plugins/sokoban.wasm --set dim_x=8\n  \
         ragen-host validate my-env.wasm\n  \
         ragen-host play target/plugins/frozenlake.wasm --seed 3\n  \
-        ragen-host bench target/plugins/sokoban.wasm --envs 1024 --json"
+        ragen-host bench target/plugins/sokoban.wasm --envs 1024 --json\n  \
+        ragen-host eval --env target/plugins/sokoban.wasm --policy random --json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -120,6 +122,46 @@ enum Command {
         #[command(flatten)]
         settings: Settings,
     },
+    /// Play a policy on fixed seeds (default: 256 seeds from 123, one
+    /// episode each, as the reference evaluates) and report success, return,
+    /// valid- and effective-action ratios, and the optimal policy's success
+    /// on the same seeds where a solver exists (Sokoban: BFS; FrozenLake:
+    /// value iteration; Bandit: always the better arm).
+    Eval {
+        /// The environment plugin.
+        #[arg(long)]
+        env: PathBuf,
+        /// `random` (uniform well-formed answers) or `sokoban-solver`
+        /// (replays BFS solutions).
+        #[arg(long, default_value = "random")]
+        policy: String,
+        #[arg(long, default_value_t = 256)]
+        episodes: usize,
+        /// The first evaluation seed.
+        #[arg(long, default_value_t = ragen_agent::EVAL_SEED_START)]
+        seed_start: u64,
+        /// Seed of the policy's own randomness.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// A TOML file with [rollout], [prompt] and [env] sections.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Write every trajectory (full text, tokens, rewards) as JSON lines.
+        #[arg(long, value_name = "FILE.jsonl")]
+        trajectories: Option<PathBuf>,
+        /// Worker threads for the env pool (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        settings: Settings,
+    },
+}
+
+fn default_threads(threads: Option<usize>) -> usize {
+    threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1)
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -153,9 +195,32 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if envs == 0 || !(seconds > 0.0) {
                 bail!("--envs and --seconds must be positive");
             }
-            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
+            let threads = default_threads(threads);
             let opts = bench::Options { envs, threads, seconds, envs_per_instance, settings: settings.parse()? };
             let report = bench::bench(&file, &opts)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
+            } else {
+                print!("{}", report.to_text());
+            }
+        }
+        Command::Eval { env, policy, episodes, seed_start, seed, config, trajectories, threads, json, settings } => {
+            let config = match config {
+                Some(path) => ragen_agent::AgentConfig::load(&path)?,
+                None => ragen_agent::AgentConfig::default(),
+            };
+            let opts = eval::Options {
+                env,
+                policy,
+                episodes,
+                seed_start,
+                seed,
+                config,
+                settings: settings.parse()?,
+                threads: default_threads(threads),
+                trajectories,
+            };
+            let report = eval::eval(opts)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
             } else {

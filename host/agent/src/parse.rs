@@ -1,0 +1,155 @@
+//! Turning the agent's reply into env actions, as the reference does.
+//!
+//! The reply (pre-fill included) must contain `<think>…</think>` followed,
+//! after optional whitespace, by `<answer>…</answer>` (only the answer when
+//! thinking is off); the first such match counts and text around it is
+//! ignored. The answer is split on `||`, each part trimmed and matched
+//! case-insensitively against the action names; unknown names are dropped,
+//! and at most `max_actions_per_turn` parts are kept (extra parts are cut,
+//! as in the reference's code, without a penalty). The format penalty
+//! applies when no match was found, when any name was unknown, or when no
+//! valid action is left.
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+/// What a reply asked for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Parsed {
+    /// The thinking, if the reply had the expected shape and thinking is on.
+    pub think: Option<String>,
+    /// The raw answer text, if the reply had the expected shape.
+    pub answer: Option<String>,
+    /// Valid action ids, in order.
+    pub actions: Vec<u32>,
+    /// Parts of the answer (after the cut to `max_actions_per_turn`).
+    pub proposed: usize,
+    /// True when the format penalty applies.
+    pub penalised: bool,
+}
+
+/// Parses replies against one env's action names.
+#[derive(Clone, Debug)]
+pub struct ResponseParser {
+    pattern: Regex,
+    think: bool,
+    actions_lower: Vec<String>,
+    max_actions_per_turn: usize,
+}
+
+impl ResponseParser {
+    pub fn new(actions: &[String], enable_think: bool, max_actions_per_turn: usize) -> Self {
+        // (?s): `.` also matches newlines, like Python's re.DOTALL.
+        let pattern = if enable_think {
+            r"(?s)<think>(.*?)</think>\s*<answer>(.*?)</answer>"
+        } else {
+            r"(?s)<answer>(.*?)</answer>"
+        };
+        Self {
+            pattern: Regex::new(pattern).expect("a fixed, valid pattern"),
+            think: enable_think,
+            actions_lower: actions.iter().map(|a| a.to_lowercase()).collect(),
+            max_actions_per_turn,
+        }
+    }
+
+    pub fn parse(&self, reply: &str) -> Parsed {
+        let Some(m) = self.pattern.captures(reply) else {
+            return Parsed { think: None, answer: None, actions: vec![], proposed: 0, penalised: true };
+        };
+        let (think, answer) = if self.think {
+            (Some(m[1].to_string()), m[2].to_string())
+        } else {
+            (None, m[1].to_string())
+        };
+        let parts: Vec<&str> =
+            answer.split("||").map(str::trim).filter(|p| !p.is_empty()).take(self.max_actions_per_turn).collect();
+        let actions: Vec<u32> = parts
+            .iter()
+            .filter_map(|p| self.actions_lower.iter().position(|a| *a == p.to_lowercase()).map(|i| i as u32))
+            .collect();
+        let (proposed, penalised) = (parts.len(), actions.is_empty() || actions.len() != parts.len());
+        Parsed { think, answer: Some(answer), actions, proposed, penalised }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sokoban() -> ResponseParser {
+        let names: Vec<String> = ["Up", "Down", "Left", "Right"].iter().map(|s| s.to_string()).collect();
+        ResponseParser::new(&names, true, 5)
+    }
+
+    fn check(reply: &str, actions: &[u32], penalised: bool) {
+        let p = sokoban().parse(reply);
+        assert_eq!((p.actions.as_slice(), p.penalised), (actions, penalised), "{reply:?} -> {p:?}");
+    }
+
+    #[test]
+    fn well_formed() {
+        check("<think>go up</think><answer>Up || Left</answer>", &[0, 2], false);
+        check("<think>x</think>\n  <answer> right </answer>", &[3], false);
+    }
+
+    #[test]
+    fn mixed_case_matches() {
+        check("<think></think><answer>uP || LEFT || down</answer>", &[0, 2, 1], false);
+    }
+
+    #[test]
+    fn unknown_actions_are_dropped_with_the_penalty() {
+        check("<think>t</think><answer>Up || Jump || Left</answer>", &[0, 2], true);
+        check("<think>t</think><answer>Fly</answer>", &[], true);
+    }
+
+    #[test]
+    fn empty_answer_is_penalised() {
+        check("<think>t</think><answer></answer>", &[], true);
+        check("<think>t</think><answer> || </answer>", &[], true);
+    }
+
+    #[test]
+    fn missing_closing_answer_tag_is_no_answer() {
+        check("<think>t</think><answer>Up || Left", &[], true);
+        check("just Up", &[], true);
+    }
+
+    #[test]
+    fn text_outside_the_tags_is_ignored() {
+        check("Sure! <think>plan</think><answer>Down</answer> Hope this helps.", &[1], false);
+        // But text between </think> and <answer> breaks the shape.
+        check("<think>plan</think> so: <answer>Down</answer>", &[], true);
+    }
+
+    #[test]
+    fn nested_and_repeated_tags_take_the_first_complete_match() {
+        let p = sokoban().parse("<think>a<think>b</think><answer>Up</answer><answer>Down</answer>");
+        assert_eq!(p.think.as_deref(), Some("a<think>b"));
+        assert_eq!(p.actions, [0]);
+        check("<think>a</think><answer>Left</answer><think>b</think><answer>Right</answer>", &[2], false);
+        // An answer tag inside the answer: the non-greedy match ends at the first close.
+        check("<think>a</think><answer>Up <answer>Down</answer></answer>", &[], true);
+    }
+
+    #[test]
+    fn more_actions_than_allowed_are_cut_without_penalty() {
+        let p = sokoban().parse("<think>t</think><answer>Up||Up||Up||Up||Up||Left||Left</answer>");
+        assert_eq!(p.actions, [0, 0, 0, 0, 0]);
+        assert_eq!(p.proposed, 5);
+        assert!(!p.penalised);
+        // An unknown action past the cut is never seen.
+        check("<think>t</think><answer>Up||Up||Up||Up||Up||Jump</answer>", &[0, 0, 0, 0, 0], false);
+    }
+
+    #[test]
+    fn without_thinking_only_the_answer_is_needed() {
+        let names: Vec<String> = ["Phoenix", "Dragon"].iter().map(|s| s.to_string()).collect();
+        let p = ResponseParser::new(&names, false, 1);
+        let out = p.parse("<answer> dragon </answer>");
+        assert_eq!((out.actions, out.penalised, out.think), (vec![1], false, None));
+        // The think tags are not required, and not harmful.
+        assert_eq!(p.parse("<think>hm</think><answer>Phoenix</answer>").actions, [0]);
+    }
+}

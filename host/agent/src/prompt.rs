@@ -1,0 +1,166 @@
+//! Building the agent's context from what the plugin says about itself.
+//!
+//! Every string is a template (configuration, not code) with `{name}`
+//! placeholders; the defaults follow the reference's prompt.
+
+use ragen_runtime::EnvSpec;
+use serde::{Deserialize, Serialize};
+
+/// Who wrote a piece of the context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+/// The prompt's templates. Placeholders:
+/// * `intro`: `{instructions}`, `{legend}`, `{actions}`, `{max_actions_per_turn}`
+/// * `legend`: `{entries}` (`symbol: meaning, ...`)
+/// * `turn`: `{turn}`, `{state}`, `{actions_left}`, `{format}`
+/// * `reward`: `{reward}`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PromptTemplates {
+    pub system: String,
+    pub intro: String,
+    pub legend: String,
+    pub turn: String,
+    pub reward: String,
+    /// The format reminder when thinking is on / off.
+    pub format_think: String,
+    pub format_answer: String,
+}
+
+impl Default for PromptTemplates {
+    fn default() -> Self {
+        Self {
+            system: "You're a helpful assistant. You are a good game player. You are aiming to get high reward in the game.".into(),
+            intro: "{instructions}\n{legend}Your available actions are:\n{actions}\n\
+                    You can make up to {max_actions_per_turn} actions, separated by the action separator \" || \"\n"
+                .into(),
+            legend: "The meaning of each symbol in the state is:\n{entries}\n".into(),
+            turn: "Turn {turn}:\nState:\n{state}\nYou have {actions_left} actions left. {format}".into(),
+            reward: "Reward:\n{reward}\n".into(),
+            format_think: "Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer> with no extra text. \
+                           Strictly follow this format."
+                .into(),
+            format_answer: "Always output: <answer> [your answer] </answer> with no extra text. Strictly follow this format.".into(),
+        }
+    }
+}
+
+/// Replace each `{name}` in `template` with its value.
+fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out = template.to_string();
+    for (name, value) in values {
+        out = out.replace(&format!("{{{name}}}"), value);
+    }
+    out
+}
+
+/// Builds the messages of one env's conversation.
+#[derive(Clone, Debug)]
+pub struct PromptBuilder {
+    templates: PromptTemplates,
+    intro: String,
+    enable_think: bool,
+}
+
+impl PromptBuilder {
+    pub fn new(templates: PromptTemplates, spec: &EnvSpec, enable_think: bool, max_actions_per_turn: u32) -> Self {
+        let legend = if spec.legend.is_empty() {
+            String::new()
+        } else {
+            let entries: Vec<String> = spec.legend.iter().map(|l| format!("{}: {}", l.symbol, l.meaning)).collect();
+            fill(&templates.legend, &[("entries", &entries.join(", "))])
+        };
+        let intro = fill(
+            &templates.intro,
+            &[
+                ("instructions", &spec.instructions),
+                ("legend", &legend),
+                ("actions", &spec.actions.join(", ")),
+                ("max_actions_per_turn", &max_actions_per_turn.to_string()),
+            ],
+        );
+        Self { templates, intro, enable_think }
+    }
+
+    pub fn system(&self) -> String {
+        self.templates.system.clone()
+    }
+
+    fn turn(&self, turn: u32, state: &str, actions_left: u32) -> String {
+        let format = if self.enable_think { &self.templates.format_think } else { &self.templates.format_answer };
+        fill(
+            &self.templates.turn,
+            &[("turn", &turn.to_string()), ("state", state), ("actions_left", &actions_left.to_string()), ("format", format)],
+        )
+    }
+
+    /// The first user message: the task, then turn 1.
+    pub fn first_user(&self, state: &str, actions_left: u32) -> String {
+        format!("{}\n{}", self.intro, self.turn(1, state, actions_left))
+    }
+
+    /// A later user message: the last turn's reward, then turn `turn`.
+    pub fn next_user(&self, reward: f64, turn: u32, state: &str, actions_left: u32) -> String {
+        format!("{}\n{}", fill(&self.templates.reward, &[("reward", &format_reward(reward))]), self.turn(turn, state, actions_left))
+    }
+
+    /// What the reply is pre-filled with.
+    pub fn prefill(&self) -> &'static str {
+        if self.enable_think { "<think>" } else { "<answer>" }
+    }
+}
+
+/// Rewards as the reference prints them (Python floats: `0.9`, `-0.1`, `1.0`).
+fn format_reward(r: f64) -> String {
+    let rounded = (r * 1e6).round() / 1e6;
+    format!("{rounded:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ragen_runtime::{LegendEntry, Limits};
+
+    fn spec() -> EnvSpec {
+        EnvSpec {
+            instructions: "Push the boxes.".into(),
+            legend: vec![LegendEntry { symbol: "#".into(), meaning: "wall".into() }, LegendEntry { symbol: "P".into(), meaning: "player".into() }],
+            actions: vec!["Up".into(), "Down".into()],
+            limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: 100 },
+            metrics: vec![],
+        }
+    }
+
+    #[test]
+    fn the_first_message_carries_task_legend_actions_and_turn() {
+        let p = PromptBuilder::new(PromptTemplates::default(), &spec(), true, 5);
+        let m = p.first_user("#P#", 10);
+        assert!(m.starts_with("Push the boxes.\nThe meaning of each symbol in the state is:\n#: wall, P: player\n"), "{m}");
+        assert!(m.contains("Your available actions are:\nUp, Down\n"), "{m}");
+        assert!(m.contains("You can make up to 5 actions, separated by the action separator \" || \""), "{m}");
+        assert!(m.contains("Turn 1:\nState:\n#P#\nYou have 10 actions left. Always output: <think>"), "{m}");
+        assert_eq!(p.prefill(), "<think>");
+    }
+
+    #[test]
+    fn later_turns_report_the_reward() {
+        let p = PromptBuilder::new(PromptTemplates::default(), &spec(), false, 5);
+        let m = p.next_user(-0.1 + 1.0, 2, "#_P", 7);
+        assert!(m.starts_with("Reward:\n0.9\n\nTurn 2:\nState:\n#_P\nYou have 7 actions left. Always output: <answer>"), "{m}");
+        assert_eq!(p.prefill(), "<answer>");
+    }
+
+    #[test]
+    fn templates_are_configuration() {
+        let t: PromptTemplates = toml::from_str("turn = \"T{turn} {state} ({actions_left})\"").unwrap();
+        let p = PromptBuilder::new(t, &spec(), true, 5);
+        assert!(p.first_user("XY", 3).ends_with("T1 XY (3)"));
+        assert!(toml::from_str::<PromptTemplates>("turns = \"x\"").is_err(), "unknown template names are errors");
+    }
+}

@@ -1,0 +1,292 @@
+//! Grouped multi-turn rollouts: `env_groups` prompts x `group_size` samples,
+//! every env of a group reset from the same seed, so the spread of a
+//! group's rewards measures the policy's uncertainty on one state.
+
+use crate::parse::ResponseParser;
+use crate::policy::{Context, Message, Policy};
+use crate::prompt::{PromptBuilder, PromptTemplates, Role};
+use crate::trajectory::{Segment, Trajectory, Turn};
+use anyhow::{Result, bail};
+use ragen_runtime::{EnvPool, EnvSpec, Plugin, PluginInfo, PoolConfig};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// The agent loop's settings, named as in RAGEN. The three limits default
+/// to what the plugin recommends (`env-spec.limits`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RolloutConfig {
+    /// Prompts (initial states) per batch.
+    pub env_groups: usize,
+    /// Samples per prompt; all share the prompt's seed.
+    pub group_size: usize,
+    pub max_turn: Option<u32>,
+    pub max_actions_per_turn: Option<u32>,
+    pub max_actions_per_traj: Option<u32>,
+    /// Added to a trajectory's reward for each reply that was malformed or
+    /// named an unknown action.
+    pub format_penalty: f64,
+    /// `<think>…</think><answer>…</answer>` (true) or `<answer>…</answer>`.
+    pub enable_think: bool,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            env_groups: 8,
+            group_size: 16,
+            max_turn: None,
+            max_actions_per_turn: None,
+            max_actions_per_traj: None,
+            format_penalty: -0.1,
+            enable_think: true,
+        }
+    }
+}
+
+/// The limits in force, after the plugin's recommendations fill the gaps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LoopLimits {
+    pub max_turn: u32,
+    pub max_actions_per_turn: u32,
+    pub max_actions_per_traj: u32,
+}
+
+impl RolloutConfig {
+    pub fn limits(&self, spec: &EnvSpec) -> LoopLimits {
+        LoopLimits {
+            max_turn: self.max_turn.unwrap_or(spec.limits.max_turns).max(1),
+            max_actions_per_turn: self.max_actions_per_turn.unwrap_or(spec.limits.max_actions_per_turn).max(1),
+            max_actions_per_traj: self.max_actions_per_traj.unwrap_or(spec.limits.max_actions_per_episode).max(1),
+        }
+    }
+}
+
+/// Runs rollouts of one plugin through its own pool.
+pub struct RolloutRunner {
+    pool: EnvPool,
+    info: PluginInfo,
+    spec: EnvSpec,
+    config: RolloutConfig,
+    limits: LoopLimits,
+    prompts: PromptBuilder,
+    parser: ResponseParser,
+}
+
+/// One env's episode while it is being played.
+struct Live {
+    segments: Vec<Segment>,
+    observation: String,
+    turns: Vec<Turn>,
+    used: u32,
+    done: bool,
+    success: bool,
+    failure: Option<String>,
+}
+
+impl RolloutRunner {
+    /// A pool of `env_groups * group_size` envs created with `settings`.
+    pub fn new(
+        plugin: Arc<Plugin>,
+        settings: &[(String, String)],
+        config: RolloutConfig,
+        templates: PromptTemplates,
+        threads: usize,
+    ) -> Result<Self> {
+        if config.env_groups == 0 || config.group_size == 0 {
+            bail!("env_groups and group_size must be at least 1");
+        }
+        let (info, spec) = {
+            let mut inst = plugin.instantiate()?;
+            let info = inst.info()?;
+            let env = inst.create(settings)?.map_err(|e| anyhow::anyhow!("the plugin rejected the settings: {}", e.message))?;
+            (info, inst.spec(env)?)
+        };
+        let limits = config.limits(&spec);
+        let pool_config = PoolConfig {
+            threads,
+            settings: settings.to_vec(),
+            autoreset: false,
+            ..PoolConfig::new(config.env_groups * config.group_size)
+        };
+        let pool = EnvPool::new(plugin, &pool_config)?;
+        let prompts = PromptBuilder::new(templates, &spec, config.enable_think, limits.max_actions_per_turn);
+        let parser = ResponseParser::new(&spec.actions, config.enable_think, limits.max_actions_per_turn as usize);
+        Ok(Self { pool, info, spec, config, limits, prompts, parser })
+    }
+
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    pub fn spec(&self) -> &EnvSpec {
+        &self.spec
+    }
+
+    pub fn config(&self) -> &RolloutConfig {
+        &self.config
+    }
+
+    pub fn limits(&self) -> LoopLimits {
+        self.limits
+    }
+
+    /// Play one batch: group `g` is reset from `group_seeds[g]` (at most
+    /// `env_groups` groups). Returns `group_seeds.len() * group_size`
+    /// trajectories, group by group.
+    pub fn run(&self, policy: &mut dyn Policy, group_seeds: &[u64]) -> Result<Vec<Trajectory>> {
+        let gs = self.config.group_size;
+        if group_seeds.len() > self.config.env_groups {
+            bail!("{} groups asked for, the runner holds {}", group_seeds.len(), self.config.env_groups);
+        }
+        let n = group_seeds.len() * gs;
+        let lim = self.limits;
+        let ids: Vec<usize> = (0..n).collect();
+        let seeds: Vec<u64> = ids.iter().map(|i| group_seeds[i / gs]).collect();
+        let system = Segment { role: Role::System, text: self.prompts.system(), prefill: String::new(), tokens: vec![], logprobs: vec![] };
+        let mut live: Vec<Live> = self
+            .pool
+            .reset(&ids, &seeds)?
+            .into_iter()
+            .map(|r| match r {
+                Ok(obs) => Live {
+                    segments: vec![system.clone(), user(self.prompts.first_user(&obs, lim.max_actions_per_traj))],
+                    observation: obs,
+                    turns: vec![],
+                    used: 0,
+                    done: false,
+                    success: false,
+                    failure: None,
+                },
+                Err(f) => Live {
+                    segments: vec![],
+                    observation: String::new(),
+                    turns: vec![],
+                    used: 0,
+                    done: true,
+                    success: false,
+                    failure: Some(f.to_string()),
+                },
+            })
+            .collect();
+
+        for turn in 1..=lim.max_turn {
+            let active: Vec<usize> =
+                (0..n).filter(|&i| !live[i].done && live[i].failure.is_none() && live[i].used < lim.max_actions_per_traj).collect();
+            if active.is_empty() {
+                break;
+            }
+            let responses = {
+                let contexts: Vec<Context<'_>> = active
+                    .iter()
+                    .map(|&i| Context {
+                        messages: live[i].segments.iter().map(|s| Message { role: s.role, text: &s.text }).collect(),
+                        prefill: self.prompts.prefill(),
+                        observation: &live[i].observation,
+                        actions: &self.spec.actions,
+                        max_actions: lim.max_actions_per_turn.min(lim.max_actions_per_traj - live[i].used),
+                    })
+                    .collect();
+                policy.respond(&contexts)?
+            };
+            if responses.len() != active.len() {
+                bail!("policy `{}` returned {} responses for {} contexts", policy.name(), responses.len(), active.len());
+            }
+
+            // Parse every reply, then execute the k-th actions of all envs in
+            // one pool call, k = 0, 1, ... (each turn stops at its first done).
+            let mut plans = Vec::with_capacity(active.len());
+            let mut turns: Vec<Turn> = Vec::with_capacity(active.len());
+            for (k, &i) in active.iter().enumerate() {
+                let full = format!("{}{}", self.prompts.prefill(), responses[k].text);
+                let parsed = self.parser.parse(&full);
+                let budget = (lim.max_actions_per_traj - live[i].used) as usize;
+                plans.push(parsed.actions.iter().copied().take(budget).collect::<Vec<u32>>());
+                let penalty = if parsed.penalised { self.config.format_penalty } else { 0.0 };
+                turns.push(Turn { parsed, executed: vec![], effective: 0, reward: 0.0, penalty, done: false });
+                live[i].segments.push(Segment {
+                    role: Role::Assistant,
+                    text: full,
+                    prefill: self.prompts.prefill().to_string(),
+                    tokens: responses[k].tokens.clone(),
+                    logprobs: responses[k].logprobs.clone(),
+                });
+            }
+            for step in 0..lim.max_actions_per_turn as usize {
+                let batch: Vec<usize> = (0..active.len())
+                    .filter(|&k| plans[k].len() > step && !turns[k].done && live[active[k]].failure.is_none())
+                    .collect();
+                if batch.is_empty() {
+                    break;
+                }
+                let env_ids: Vec<usize> = batch.iter().map(|&k| active[k]).collect();
+                let actions: Vec<u32> = batch.iter().map(|&k| plans[k][step]).collect();
+                for (j, result) in self.pool.step(&env_ids, &actions)?.into_iter().enumerate() {
+                    let (k, i) = (batch[j], env_ids[j]);
+                    match result {
+                        Ok(s) => {
+                            let t = &mut turns[k];
+                            t.reward += s.reward;
+                            t.effective += s.info.action_is_effective as usize;
+                            t.executed.push(self.spec.actions[actions[j] as usize].clone());
+                            t.done = s.done;
+                            live[i].used += 1;
+                            live[i].observation = s.observation;
+                            if s.done {
+                                live[i].done = true;
+                                live[i].success = s.info.success;
+                            }
+                        }
+                        Err(f) => live[i].failure = Some(f.to_string()),
+                    }
+                }
+            }
+            for (k, &i) in active.iter().enumerate() {
+                let turn_reward = turns[k].reward;
+                let l = &mut live[i];
+                if !l.done && l.failure.is_none() && turn < lim.max_turn && l.used < lim.max_actions_per_traj {
+                    let left = lim.max_actions_per_traj - l.used;
+                    l.segments.push(user(self.prompts.next_user(turn_reward, turn + 1, &l.observation, left)));
+                }
+            }
+            for (turn, &i) in turns.into_iter().zip(&active) {
+                live[i].turns.push(turn);
+            }
+        }
+
+        Ok(live
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let env_reward: f64 = l.turns.iter().map(|t| t.reward).sum();
+                let penalty: f64 = l.turns.iter().map(|t| t.penalty).sum();
+                let proposed: usize = l.turns.iter().map(|t| t.parsed.proposed).sum();
+                let valid: usize = l.turns.iter().map(|t| t.parsed.actions.len()).sum();
+                let executed: usize = l.turns.iter().map(|t| t.executed.len()).sum();
+                let effective: usize = l.turns.iter().map(|t| t.effective).sum();
+                Trajectory {
+                    group: i / gs,
+                    seed: seeds[i],
+                    env: i,
+                    segments: l.segments,
+                    turns: l.turns,
+                    reward: env_reward + penalty,
+                    penalty,
+                    success: l.success,
+                    num_actions: executed,
+                    valid_action_ratio: ratio(valid, proposed),
+                    effective_action_ratio: ratio(effective, executed),
+                    failure: l.failure,
+                }
+            })
+            .collect())
+    }
+}
+
+fn user(text: String) -> Segment {
+    Segment { role: Role::User, text, prefill: String::new(), tokens: vec![], logprobs: vec![] }
+}
+
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}

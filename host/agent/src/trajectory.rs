@@ -1,0 +1,128 @@
+//! What one env's episode leaves for the learner and for people: the whole
+//! conversation, the agent's tokens, and per-turn outcomes.
+
+use crate::parse::Parsed;
+use crate::policy::Tokenizer;
+use crate::prompt::Role;
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+
+/// One message. Assistant messages keep the sampled tokens and their
+/// log-probabilities (of the text after the pre-fill).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    pub role: Role,
+    /// The full text, pre-fill included for assistant messages.
+    pub text: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefill: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<f32>,
+}
+
+/// One reply and what it did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    pub parsed: Parsed,
+    /// Actions executed (valid, within the budget, up to the first `done`).
+    pub executed: Vec<String>,
+    pub effective: usize,
+    /// Sum of the env rewards of this turn's actions.
+    pub reward: f64,
+    /// The format penalty charged for this reply (0 or negative).
+    pub penalty: f64,
+    pub done: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Trajectory {
+    /// Index of the group (prompt) this trajectory belongs to.
+    pub group: usize,
+    /// The seed every env in the group was reset from.
+    pub seed: u64,
+    /// The env that played it.
+    pub env: usize,
+    pub segments: Vec<Segment>,
+    pub turns: Vec<Turn>,
+    /// Env rewards plus format penalties: what the learner optimises.
+    pub reward: f64,
+    pub penalty: f64,
+    pub success: bool,
+    pub num_actions: usize,
+    /// Executed / proposed actions over the whole episode.
+    pub valid_action_ratio: f64,
+    /// Actions that changed the state / executed actions.
+    pub effective_action_ratio: f64,
+    /// Set when the env failed (trap, timeout, invalid output...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+}
+
+/// A trajectory as one token sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenView {
+    pub tokens: Vec<u32>,
+    /// 1 for tokens the agent sampled (trained on), 0 for the rest.
+    pub loss_mask: Vec<u8>,
+    /// The policy's log-probability of each agent token (0 elsewhere).
+    pub logprobs: Vec<f32>,
+    /// Index of the first sampled token of each turn.
+    pub turn_starts: Vec<usize>,
+}
+
+impl Trajectory {
+    /// Lay the conversation out as tokens: each message's role header and
+    /// text; in assistant messages the pre-fill is context (mask 0) and the
+    /// sampled tokens are the agent's (mask 1).
+    pub fn token_view(&self, tokenizer: &dyn Tokenizer) -> TokenView {
+        let mut v = TokenView { tokens: vec![], loss_mask: vec![], logprobs: vec![], turn_starts: vec![] };
+        let context = |v: &mut TokenView, ids: Vec<u32>| {
+            v.loss_mask.extend(std::iter::repeat_n(0, ids.len()));
+            v.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
+            v.tokens.extend(ids);
+        };
+        for s in &self.segments {
+            context(&mut v, tokenizer.role_header(s.role));
+            if s.role == Role::Assistant {
+                context(&mut v, tokenizer.encode(&s.prefill));
+                v.turn_starts.push(v.tokens.len());
+                v.tokens.extend(&s.tokens);
+                v.loss_mask.extend(std::iter::repeat_n(1, s.tokens.len()));
+                v.logprobs.extend(&s.logprobs);
+            } else {
+                context(&mut v, tokenizer.encode(&s.text));
+            }
+        }
+        v
+    }
+
+    /// The conversation as plain text, for people.
+    pub fn transcript(&self) -> String {
+        self.segments.iter().map(|s| format!("[{:?}]\n{}\n", s.role, s.text)).collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// Write one JSON object per line.
+pub fn write_jsonl(out: &mut dyn Write, trajectories: &[Trajectory]) -> Result<()> {
+    for t in trajectories {
+        serde_json::to_writer(&mut *out, t).context("cannot serialise a trajectory")?;
+        out.write_all(b"\n").context("cannot write trajectories")?;
+    }
+    out.flush().context("cannot write trajectories")
+}
+
+/// Read what [`write_jsonl`] wrote; errors name the line.
+pub fn read_jsonl(input: &mut dyn BufRead) -> Result<Vec<Trajectory>> {
+    let mut out = Vec::new();
+    for (i, line) in input.lines().enumerate() {
+        let line = line.context("cannot read trajectories")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push(serde_json::from_str(&line).with_context(|| format!("line {}: not a trajectory", i + 1))?);
+    }
+    Ok(out)
+}

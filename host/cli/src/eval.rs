@@ -1,0 +1,121 @@
+//! `ragen-host eval`: play a policy on fixed seeds (256 from 123, one sample
+//! each, as the reference evaluates) and report success against the
+//! optimal policy's ceiling.
+
+use anyhow::{Context, Result, bail};
+use ragen_agent::bounds::optimal_success;
+use ragen_agent::policies::{RandomPolicy, SokobanSolverPolicy};
+use ragen_agent::{AgentConfig, LoopLimits, Policy, RolloutConfig, RolloutRunner, Trajectory, summarize, write_jsonl};
+use ragen_runtime::Plugin;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub struct Options {
+    pub env: PathBuf,
+    pub policy: String,
+    pub episodes: usize,
+    pub seed_start: u64,
+    pub seed: u64,
+    pub config: AgentConfig,
+    pub settings: Vec<(String, String)>,
+    pub threads: usize,
+    pub trajectories: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub plugin: String,
+    pub policy: String,
+    pub episodes: usize,
+    pub seed_start: u64,
+    pub limits: LoopLimits,
+    pub success_rate: f64,
+    pub return_mean: f64,
+    pub return_std: f64,
+    pub valid_action_ratio: f64,
+    pub effective_action_ratio: f64,
+    pub actions_mean: f64,
+    pub turns_mean: f64,
+    /// Success of the best possible play on the same seeds within the same
+    /// action budget; `null` where no solver exists.
+    pub optimal_success: Option<f64>,
+    pub failures: usize,
+    #[serde(skip)]
+    pub sample: Vec<Trajectory>,
+}
+
+pub fn eval(opts: Options) -> Result<Report> {
+    if opts.episodes == 0 {
+        bail!("--episodes must be at least 1");
+    }
+    let plugin = Arc::new(Plugin::from_file(&opts.env)?);
+    let settings = opts.config.env_settings(&opts.settings);
+    // Evaluation: one sample per seed.
+    let rollout = RolloutConfig { env_groups: opts.episodes, group_size: 1, ..opts.config.rollout.clone() };
+    let runner = RolloutRunner::new(plugin, &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
+    let mut policy: Box<dyn Policy> = match opts.policy.as_str() {
+        "random" => Box::new(RandomPolicy::new(opts.seed)),
+        "sokoban-solver" => Box::new(SokobanSolverPolicy::new(runner.spec()).context("--policy sokoban-solver needs a Sokoban plugin")?),
+        other => bail!("unknown policy `{other}`; use `random` or `sokoban-solver`"),
+    };
+    let seeds: Vec<u64> = (0..opts.episodes as u64).map(|i| opts.seed_start + i).collect();
+    let ts = runner.run(policy.as_mut(), &seeds)?;
+    if let Some(path) = &opts.trajectories {
+        write_trajectories(path, &ts)?;
+    }
+    let m = summarize(&ts);
+    let limits = runner.limits();
+    let bound = optimal_success(&runner.info().name, &settings, &seeds, limits, runner.spec().limits.max_steps)?;
+    Ok(Report {
+        plugin: runner.info().name.clone(),
+        policy: policy.name().to_string(),
+        episodes: opts.episodes,
+        seed_start: opts.seed_start,
+        limits,
+        success_rate: m.success_rate,
+        return_mean: m.return_mean,
+        return_std: m.return_std,
+        valid_action_ratio: m.valid_action_ratio,
+        effective_action_ratio: m.effective_action_ratio,
+        actions_mean: m.actions_mean,
+        turns_mean: m.turns_mean,
+        optimal_success: bound,
+        failures: m.failures,
+        sample: ts.into_iter().take(2).collect(),
+    })
+}
+
+fn write_trajectories(path: &Path, ts: &[Trajectory]) -> Result<()> {
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("cannot create `{}`", path.display()))?);
+    write_jsonl(&mut file, ts).with_context(|| format!("cannot write `{}`", path.display()))
+}
+
+impl Report {
+    pub fn to_text(&self) -> String {
+        let mut s = format!(
+            "eval {} with policy {}: {} episodes, seeds {}..{}\n",
+            self.plugin,
+            self.policy,
+            self.episodes,
+            self.seed_start,
+            self.seed_start + self.episodes as u64
+        );
+        s += &format!("  success      {:.1}%", 100.0 * self.success_rate);
+        match self.optimal_success {
+            Some(b) => s += &format!("   (optimal play: {:.1}% within {} actions)\n", 100.0 * b, self.limits.max_actions_per_traj),
+            None => s += "\n",
+        }
+        s += &format!("  return       {:.3} ± {:.3}\n", self.return_mean, self.return_std);
+        s += &format!("  valid        {:.1}% of proposed actions\n", 100.0 * self.valid_action_ratio);
+        s += &format!("  effective    {:.1}% of executed actions\n", 100.0 * self.effective_action_ratio);
+        s += &format!("  per episode  {:.2} actions in {:.2} turns\n", self.actions_mean, self.turns_mean);
+        if self.failures > 0 {
+            s += &format!("  failures     {} episodes cut short by env failures\n", self.failures);
+        }
+        if let Some(t) = self.sample.first() {
+            s += &format!("\nA sample episode (seed {}):\n{}", t.seed, t.transcript());
+        }
+        s
+    }
+}

@@ -1,0 +1,53 @@
+//! `ragen-host eval`: baselines on the reference's eval seeds.
+
+mod common;
+
+use common::{plugin, ragen_host, scratch, text};
+
+fn eval_json(args: &[&str]) -> serde_json::Value {
+    let out = ragen_host(&[&["eval"], args, &["--json"]].concat());
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).expect("valid JSON")
+}
+
+#[test]
+fn random_eval_reports_success_return_validity_and_the_bound() {
+    let v = eval_json(&["--env", plugin("frozenlake").to_str().unwrap(), "--policy", "random", "--episodes", "64"]);
+    assert_eq!(v["episodes"], 64);
+    assert_eq!(v["seed_start"], 123);
+    let success = v["success_rate"].as_f64().unwrap();
+    let bound = v["optimal_success"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&success) && success <= bound && bound < 1.0, "{v}");
+    assert_eq!(v["valid_action_ratio"], 1.0);
+    assert!(v["return_mean"].is_number());
+}
+
+#[test]
+fn the_solver_reaches_the_bound_and_trajectories_are_written() {
+    let file = scratch("eval").join("solver.jsonl");
+    let v = eval_json(&[
+        "--env",
+        plugin("sokoban").to_str().unwrap(),
+        "--policy",
+        "sokoban-solver",
+        "--episodes",
+        "32",
+        "--trajectories",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(v["success_rate"], v["optimal_success"]);
+    let lines = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(lines.lines().count(), 32);
+    assert!(lines.contains("<answer>"), "the replies are in the file");
+}
+
+#[test]
+fn eval_explains_bad_input() {
+    let out = ragen_host(&["eval", "--env", plugin("bandit").to_str().unwrap(), "--policy", "genius"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("unknown policy `genius`"), "{}", text(&out));
+    let bad = scratch("eval").join("bad.toml");
+    std::fs::write(&bad, "[rollout]\ngroup_sise = 3\n").unwrap();
+    let out = ragen_host(&["eval", "--env", plugin("bandit").to_str().unwrap(), "--config", bad.to_str().unwrap()]);
+    assert!(text(&out).contains("unknown field `group_sise`"), "{}", text(&out));
+}

@@ -1,0 +1,159 @@
+//! The agent loop end to end: prompts rendered from the plugin, replies
+//! parsed, actions executed through the pool, trajectories recorded.
+
+use anyhow::Result;
+use ragen_agent::bounds::optimal_success;
+use ragen_agent::policies::{RandomPolicy, SokobanSolverPolicy};
+use ragen_agent::{
+    ByteTokenizer, Context, EVAL_SEED_START, Policy, PromptTemplates, Response, Role, RolloutConfig, RolloutRunner, Tokenizer,
+    read_jsonl, summarize, write_jsonl,
+};
+use ragen_runtime::Plugin;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn shipped(name: &str) -> Arc<Plugin> {
+    let dir = std::env::var_os("RAGEN_PLUGIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"));
+    Arc::new(Plugin::from_file(dir.join(format!("{name}.wasm"))).unwrap_or_else(|e| panic!("{e:#} (run `make plugins`)")))
+}
+
+fn runner(name: &str, groups: usize, group_size: usize) -> RolloutRunner {
+    let config = RolloutConfig { env_groups: groups, group_size, ..RolloutConfig::default() };
+    RolloutRunner::new(shipped(name), &[], config, PromptTemplates::default(), 2).unwrap()
+}
+
+#[test]
+fn the_solver_policy_solves_every_room_whose_solution_fits_the_budget() {
+    let r = runner("sokoban", 64, 1);
+    let seeds: Vec<u64> = (0..64).map(|i| EVAL_SEED_START + i).collect();
+    let mut policy = SokobanSolverPolicy::new(r.spec()).unwrap();
+    let ts = r.run(&mut policy, &seeds).unwrap();
+    let env = ragen_env_sdk::CheckedEnv::<ragen_env_sokoban::Sokoban>::with(&[]).unwrap();
+    let budget = r.limits().max_actions_per_traj as usize;
+    let mut fits = 0;
+    for t in &ts {
+        let room = env.inner().initial_room(t.seed).unwrap();
+        let shortest = ragen_env_sokoban::solver::solve(&room, 1_000_000).unwrap().unwrap().len();
+        if shortest <= budget {
+            fits += 1;
+            assert!(t.success, "seed {}: solution of {shortest} moves fits {budget} but was not found:\n{}", t.seed, t.transcript());
+            assert_eq!(t.num_actions, shortest, "seed {}: the solver takes the shortest path", t.seed);
+            assert_eq!(t.penalty, 0.0);
+        }
+        assert!(t.failure.is_none());
+    }
+    assert!(fits >= 48, "only {fits} of 64 rooms fit the budget");
+    let bound = optimal_success("sokoban", &[], &seeds, r.limits(), 100).unwrap().unwrap();
+    assert_eq!(bound, fits as f64 / 64.0, "the bound counts the same rooms");
+    eprintln!("solver: {fits}/64 rooms fit {budget} actions; all solved");
+}
+
+#[test]
+fn random_baselines_on_the_eval_seeds() {
+    let seeds: Vec<u64> = (0..256).map(|i| EVAL_SEED_START + i).collect();
+    for name in ["bandit", "sokoban", "frozenlake"] {
+        let r = runner(name, 256, 1);
+        let ts = r.run(&mut RandomPolicy::new(7), &seeds).unwrap();
+        let m = summarize(&ts);
+        let bound = optimal_success(name, &[], &seeds, r.limits(), r.spec().limits.max_steps).unwrap().unwrap();
+        eprintln!("{name}: random success {:.3}, return {:.3}, optimal bound {bound:.3}", m.success_rate, m.return_mean);
+        assert_eq!(m.trajectories, 256);
+        assert_eq!(m.failures, 0);
+        // Random replies are always well formed with known names.
+        assert_eq!(m.valid_action_ratio, 1.0);
+        assert!(ts.iter().all(|t| t.penalty == 0.0));
+        assert!(m.success_rate <= bound + 1e-9, "{name}: random beats the optimal bound");
+        if name == "bandit" {
+            assert!((m.success_rate - 0.5).abs() < 0.1, "bandit random success {}", m.success_rate);
+            assert_eq!(bound, 1.0);
+        }
+    }
+}
+
+#[test]
+fn groups_share_their_seed_and_jsonl_round_trips() {
+    let r = runner("sokoban", 8, 16);
+    let seeds: Vec<u64> = (0..8).map(|g| 1000 + g).collect();
+    let ts = r.run(&mut RandomPolicy::new(1), &seeds).unwrap();
+    assert_eq!(ts.len(), 128);
+    for g in 0..8 {
+        let group: Vec<_> = ts.iter().filter(|t| t.group == g).collect();
+        assert_eq!(group.len(), 16);
+        assert!(group.iter().all(|t| t.seed == 1000 + g as u64));
+        // Same seed, same first state: the first user message is identical.
+        assert!(group.iter().all(|t| t.segments[1].text == group[0].segments[1].text));
+    }
+    let m = summarize(&ts);
+    assert!(m.in_group_reward_std > 0.0, "random play varies within a group");
+
+    let file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rollout.jsonl");
+    write_jsonl(&mut std::fs::File::create(&file).unwrap(), &ts).unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text.lines().count(), 128, "one record per trajectory");
+    assert!(text.contains("Turn 1:\\nState:\\n"), "the full text is there to read");
+    let back = read_jsonl(&mut std::io::BufReader::new(std::fs::File::open(&file).unwrap())).unwrap();
+    assert_eq!(back, ts);
+}
+
+#[test]
+fn the_token_view_masks_exactly_the_sampled_tokens() {
+    let r = runner("frozenlake", 2, 4);
+    let ts = r.run(&mut RandomPolicy::new(3), &[5, 6]).unwrap();
+    for t in &ts {
+        let v = t.token_view(&ByteTokenizer);
+        assert_eq!(v.tokens.len(), v.loss_mask.len());
+        let replies: Vec<&ragen_agent::Segment> = t.segments.iter().filter(|s| s.role == Role::Assistant).collect();
+        assert_eq!(v.turn_starts.len(), replies.len());
+        assert_eq!(v.turn_starts.len(), t.turns.len());
+        let sampled: Vec<u32> = v.tokens.iter().zip(&v.loss_mask).filter(|(_, m)| **m == 1).map(|(t, _)| *t).collect();
+        let expected: Vec<u32> = replies.iter().flat_map(|s| s.tokens.clone()).collect();
+        assert_eq!(sampled, expected);
+        // The pre-fill is context, not a sampled token.
+        for (&start, s) in v.turn_starts.iter().zip(&replies) {
+            assert_eq!(ByteTokenizer.decode(&v.tokens[start - s.prefill.len()..start]), "<think>");
+        }
+    }
+}
+
+/// Replies with the same fixed text every turn.
+struct Fixed(&'static str);
+
+impl Policy for Fixed {
+    fn name(&self) -> &str {
+        "fixed"
+    }
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &ByteTokenizer
+    }
+    fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {
+        Ok(contexts.iter().map(|_| Response { text: self.0.into(), tokens: ByteTokenizer.encode(self.0), logprobs: vec![0.0; self.0.len()] }).collect())
+    }
+}
+
+#[test]
+fn malformed_replies_cost_the_format_penalty_every_turn() {
+    let r = runner("sokoban", 1, 2);
+    let ts = r.run(&mut Fixed("no tags at all"), &[3]).unwrap();
+    for t in ts {
+        assert_eq!(t.turns.len(), 5, "max_turn turns are played");
+        assert_eq!(t.num_actions, 0);
+        assert!((t.reward - 5.0 * -0.1).abs() < 1e-12, "{}", t.reward);
+        assert_eq!(t.valid_action_ratio, 0.0);
+    }
+}
+
+#[test]
+fn the_action_budget_and_max_turn_are_respected() {
+    // 5 valid actions per reply against a budget of 10: two turns, then stop.
+    let r = runner("sokoban", 1, 1);
+    let ts = r.run(&mut Fixed("hm</think><answer>Up || Up || Up || Up || Up</answer>"), &[9]).unwrap();
+    let t = &ts[0];
+    assert!(t.success || t.num_actions == 10, "{}", t.transcript());
+    assert!(t.turns.len() <= 2);
+    // One unknown name among valid ones: valid ones run, the penalty applies.
+    let ts = r.run(&mut Fixed("hm</think><answer>Up || Jump</answer>"), &[9]).unwrap();
+    assert!(ts[0].turns.iter().all(|turn| turn.penalty == -0.1 && turn.parsed.actions == [0]));
+    assert_eq!(ts[0].valid_action_ratio, 0.5);
+}
