@@ -1,0 +1,187 @@
+//! A tokenizer made from what a plugin says about itself.
+
+use ragen_agent::{Role, Tokenizer};
+use ragen_runtime::EnvSpec;
+
+/// Tags of the answer format, each one token.
+pub const THINK_OPEN: &str = "<think>";
+pub const THINK_CLOSE: &str = "</think>";
+pub const ANSWER_OPEN: &str = "<answer>";
+pub const ANSWER_CLOSE: &str = "</answer>";
+pub const SEPARATOR: &str = " || ";
+
+/// Ids 0..256 are the bytes; after them come the multi-byte tokens: the role
+/// headers, the format tags, the action names, then the legend symbols.
+/// Encoding takes the longest token that matches at each position and falls
+/// back to single bytes, so every string round-trips exactly.
+#[derive(Clone, Debug)]
+pub struct PluginTokenizer {
+    /// The text of every token id from 256 on.
+    words: Vec<String>,
+    /// Indices into `words`, longest first, for greedy matching.
+    by_length: Vec<usize>,
+    actions: Vec<u32>,
+}
+
+const BYTES: u32 = 256;
+
+fn role_text(role: Role) -> &'static str {
+    match role {
+        Role::System => "<|system|>\n",
+        Role::User => "<|user|>\n",
+        Role::Assistant => "<|assistant|>\n",
+    }
+}
+
+impl PluginTokenizer {
+    pub fn new(spec: &EnvSpec) -> Self {
+        let mut words: Vec<String> = Vec::new();
+        let mut add = |w: &str| -> u32 {
+            if let Some(i) = words.iter().position(|x| x == w) {
+                return BYTES + i as u32;
+            }
+            words.push(w.to_string());
+            BYTES + words.len() as u32 - 1
+        };
+        for role in [Role::System, Role::User, Role::Assistant] {
+            add(role_text(role));
+        }
+        for tag in [THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE, SEPARATOR] {
+            add(tag);
+        }
+        let actions: Vec<u32> = spec.actions.iter().map(|a| add(a)).collect();
+        for entry in &spec.legend {
+            // Single bytes are already tokens; a multi-byte symbol (`√`)
+            // gets its own.
+            if entry.symbol.len() > 1 {
+                add(&entry.symbol);
+            }
+        }
+        let mut by_length: Vec<usize> = (0..words.len()).collect();
+        by_length.sort_by_key(|&i| std::cmp::Reverse(words[i].len()));
+        Self { words, by_length, actions }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        BYTES as usize + self.words.len()
+    }
+
+    /// The id of a whole-token string, if it is one.
+    pub fn id(&self, word: &str) -> Option<u32> {
+        self.words.iter().position(|w| w == word).map(|i| BYTES + i as u32)
+    }
+
+    /// The action-name tokens, in action-id order.
+    pub fn action_tokens(&self) -> &[u32] {
+        &self.actions
+    }
+
+    /// Whether `id` is a byte token.
+    pub fn is_byte(&self, id: u32) -> bool {
+        id < BYTES
+    }
+
+    /// The bytes a token stands for.
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        if id < BYTES {
+            // A byte token is its own value; index a static table to return a slice.
+            &ALL_BYTES[id as usize..id as usize + 1]
+        } else {
+            self.words[(id - BYTES) as usize].as_bytes()
+        }
+    }
+}
+
+static ALL_BYTES: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = i as u8;
+        i += 1;
+    }
+    t
+};
+
+impl Tokenizer for PluginTokenizer {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        let bytes = text.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut at = 0;
+        while at < bytes.len() {
+            let rest = &bytes[at..];
+            match self.by_length.iter().find(|&&i| rest.starts_with(self.words[i].as_bytes())) {
+                Some(&i) => {
+                    out.push(BYTES + i as u32);
+                    at += self.words[i].len();
+                }
+                None => {
+                    out.push(bytes[at] as u32);
+                    at += 1;
+                }
+            }
+        }
+        out
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        let bytes: Vec<u8> = ids.iter().flat_map(|&id| self.token_bytes(id).iter().copied()).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn role_header(&self, role: Role) -> Vec<u32> {
+        vec![self.id(role_text(role)).expect("role headers are always in the vocabulary")]
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use ragen_env_sdk::SeedRng;
+    use ragen_runtime::{LegendEntry, Limits};
+
+    pub(crate) fn sokoban_spec() -> EnvSpec {
+        EnvSpec {
+            instructions: "Push.".into(),
+            legend: "#_OX√PS".chars().map(|c| LegendEntry { symbol: c.to_string(), meaning: "m".into() }).collect(),
+            actions: ["Up", "Down", "Left", "Right"].iter().map(|s| s.to_string()).collect(),
+            limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: 100 },
+            metrics: vec![],
+        }
+    }
+
+    #[test]
+    fn tags_actions_and_symbols_are_single_tokens() {
+        let t = PluginTokenizer::new(&sokoban_spec());
+        for word in ["<think>", "</think>", "<answer>", "</answer>", " || ", "Up", "Right", "√"] {
+            let ids = t.encode(word);
+            assert_eq!(ids.len(), 1, "{word:?} -> {ids:?}");
+            assert_eq!(t.decode(&ids), word);
+        }
+        assert_eq!(t.role_header(Role::User).len(), 1);
+        assert_eq!(t.encode("<answer>Up || Left</answer>").len(), 5);
+        assert_eq!(t.vocab_size(), 256 + 3 + 5 + 4 + 1);
+    }
+
+    #[test]
+    fn any_text_round_trips() {
+        let t = PluginTokenizer::new(&sokoban_spec());
+        let alphabet: Vec<char> = "ab <>/|√é中\n_#Uupthinkanswer".chars().collect();
+        let mut rng = SeedRng::new(3);
+        for _ in 0..2000 {
+            let len = rng.below(40);
+            let s: String = (0..len).map(|_| alphabet[rng.below(alphabet.len())]).collect();
+            assert_eq!(t.decode(&t.encode(&s)), s, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn a_different_plugin_gets_its_own_action_tokens() {
+        let mut spec = sokoban_spec();
+        spec.actions = vec!["Phoenix".into(), "Dragon".into()];
+        spec.legend.clear();
+        let t = PluginTokenizer::new(&spec);
+        assert_eq!(t.encode("Dragon").len(), 1);
+        assert_eq!(t.action_tokens().len(), 2);
+        assert_eq!(t.encode("Up").len(), 2, "Sokoban's names are plain bytes here");
+    }
+}
