@@ -136,6 +136,14 @@ impl AnswerGrammar {
         Ok(out)
     }
 
+    /// Tokens of the longest reply the grammar allows: the thinking budget,
+    /// `</think><answer>`, the names and separators, `</answer>`. A sampling
+    /// budget of this many tokens always completes the reply.
+    pub fn max_reply_tokens(&self) -> usize {
+        let answer = 2 * self.max_actions as usize;
+        if self.enable_think { self.think_budget as usize + 2 + answer } else { answer }
+    }
+
     /// Tokens of the shortest well-formed reply from the start: the floor on
     /// a reply-length budget.
     pub fn min_reply_tokens(&self) -> usize {

@@ -9,11 +9,17 @@
 //!   then `</think><answer>`, action names separated by ` || `, at most
 //!   `max_actions`, then `</answer>`). Sampling and the learner's
 //!   log-probabilities use the same masks.
-//!
-//! The Burn model that samples under these masks is the next piece.
+//! * [`PolicyModel`] is a small decoder-only transformer with a value head,
+//!   generic over the Burn backend; [`sample`] draws a reply under the
+//!   grammar with a KV cache, and [`masked_logprobs`] recomputes its
+//!   log-probabilities in one full pass, as the learner will.
 
 mod grammar;
+mod model;
+mod sample;
 mod tokenizer;
 
 pub use grammar::{AnswerGrammar, GrammarState};
+pub use model::{KvCache, PolicyModel, PolicyModelConfig};
+pub use sample::{Sampled, masked_log_distribution, masked_logprobs, sample};
 pub use tokenizer::PluginTokenizer;

@@ -1,0 +1,177 @@
+//! The policy network: a small decoder-only transformer language model with
+//! a value head, generic over the Burn backend.
+//!
+//! Shapes are named in comments: `b` batch, `t` new positions, `p` positions
+//! seen so far (cache included), `d` model width, `h` heads, `k` head width,
+//! `v` vocabulary.
+//!
+//! The critic shares the trunk and adds one linear value head. RAGEN trains
+//! a separate critic model; on 2 CPU cores a second transformer would double
+//! the cost of every update for a model this small, and a shared trunk with
+//! its own head (and its own loss weight) is the usual from-scratch PPO
+//! design. The learner sees the model only through the policy seam, so a
+//! separate critic can be swapped in without touching it.
+
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::activation::{gelu, softmax};
+
+#[derive(Config, Debug)]
+pub struct PolicyModelConfig {
+    pub vocab_size: usize,
+    #[config(default = 64)]
+    pub d_model: usize,
+    #[config(default = 2)]
+    pub n_layers: usize,
+    #[config(default = 4)]
+    pub n_heads: usize,
+    /// Hidden width of each MLP, as a multiple of `d_model`.
+    #[config(default = 4)]
+    pub mlp_ratio: usize,
+    /// Longest context (prompt plus reply) the learned positions cover.
+    #[config(default = 1024)]
+    pub max_seq_len: usize,
+}
+
+impl PolicyModelConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> PolicyModel<B> {
+        assert!(self.d_model % self.n_heads == 0, "d_model ({}) must be a multiple of n_heads ({})", self.d_model, self.n_heads);
+        let d = self.d_model;
+        let blocks = (0..self.n_layers)
+            .map(|_| Block {
+                attn_norm: LayerNormConfig::new(d).init(device),
+                qkv: LinearConfig::new(d, 3 * d).init(device),
+                proj: LinearConfig::new(d, d).init(device),
+                mlp_norm: LayerNormConfig::new(d).init(device),
+                up: LinearConfig::new(d, self.mlp_ratio * d).init(device),
+                down: LinearConfig::new(self.mlp_ratio * d, d).init(device),
+                n_heads: self.n_heads,
+            })
+            .collect();
+        PolicyModel {
+            token_embedding: EmbeddingConfig::new(self.vocab_size, d).init(device),
+            position_embedding: EmbeddingConfig::new(self.max_seq_len, d).init(device),
+            blocks,
+            norm: LayerNormConfig::new(d).init(device),
+            lm_head: LinearConfig::new(d, self.vocab_size).init(device),
+            value_head: LinearConfig::new(d, 1).init(device),
+            max_seq_len: self.max_seq_len,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct PolicyModel<B: Backend> {
+    token_embedding: Embedding<B>,
+    position_embedding: Embedding<B>,
+    blocks: Vec<Block<B>>,
+    norm: LayerNorm<B>,
+    lm_head: Linear<B>,
+    value_head: Linear<B>,
+    max_seq_len: usize,
+}
+
+/// Pre-norm transformer block: causal self-attention, then an MLP.
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    attn_norm: LayerNorm<B>,
+    qkv: Linear<B>,
+    proj: Linear<B>,
+    mlp_norm: LayerNorm<B>,
+    up: Linear<B>,
+    down: Linear<B>,
+    n_heads: usize,
+}
+
+/// Keys and values of the positions seen so far, per layer, so sampling
+/// feeds one new token per step instead of the whole sequence.
+#[derive(Clone, Debug)]
+pub struct KvCache<B: Backend> {
+    /// Per layer: keys and values `[b, h, p, k]`.
+    layers: Vec<Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
+    len: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    pub fn new(n_layers: usize) -> Self {
+        Self { layers: vec![None; n_layers], len: 0 }
+    }
+
+    /// Positions cached so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<B: Backend> PolicyModel<B> {
+    pub fn n_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// The whole sequence at once: tokens `[b, t]` to logits `[b, t, v]` and
+    /// values `[b, t]`. Position `i`'s logits predict token `i + 1`.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        let mut cache = KvCache::new(self.blocks.len());
+        self.forward_cached(tokens, &mut cache)
+    }
+
+    /// The next `t` tokens after what `cache` holds; returns their logits
+    /// and values and extends the cache.
+    pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        let [b, t] = tokens.dims();
+        let offset = cache.len;
+        assert!(
+            offset + t <= self.max_seq_len,
+            "sequence of {} tokens exceeds max_seq_len {}; raise it in the model config",
+            offset + t,
+            self.max_seq_len
+        );
+        let device = tokens.device();
+        // [b, t]
+        let positions = Tensor::<B, 1, Int>::arange(offset as i64..(offset + t) as i64, &device).reshape([1, t]).repeat_dim(0, b);
+        // [b, t, d]
+        let mut x = self.token_embedding.forward(tokens) + self.position_embedding.forward(positions);
+        for (block, layer_cache) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            x = block.forward(x, layer_cache, offset);
+        }
+        cache.len += t;
+        let x = self.norm.forward(x);
+        let logits = self.lm_head.forward(x.clone()); // [b, t, v]
+        let values = self.value_head.forward(x).reshape([b, t]); // [b, t]
+        (logits, values)
+    }
+}
+
+impl<B: Backend> Block<B> {
+    /// x `[b, t, d]` at positions `offset..offset + t`.
+    fn forward(&self, x: Tensor<B, 3>, cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>, offset: usize) -> Tensor<B, 3> {
+        let [b, t, d] = x.dims();
+        let (h, k) = (self.n_heads, d / self.n_heads);
+        let qkv = self.qkv.forward(self.attn_norm.forward(x.clone())); // [b, t, 3d]
+        let heads = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, t, h, k]).swap_dims(1, 2); // [b, h, t, k]
+        let (q, k_new, v_new) = (heads(0), heads(1), heads(2));
+        let (keys, values) = match cache.take() {
+            Some((kc, vc)) => (Tensor::cat(vec![kc, k_new], 2), Tensor::cat(vec![vc, v_new], 2)), // [b, h, p, k]
+            None => (k_new, v_new),
+        };
+        *cache = Some((keys.clone(), values.clone()));
+        let p = offset + t;
+        let scores = q.matmul(keys.swap_dims(2, 3)) / (k as f64).sqrt(); // [b, h, t, p]
+        // New position i (absolute offset + i) may not see positions after it.
+        // `tril_mask` is true outside the lower triangle: exactly the future.
+        let future = Tensor::<B, 2, Bool>::tril_mask([t, p], offset as i64, &scores.device()).reshape([1, 1, t, p]).expand([b, h, t, p]);
+        let weights = softmax(scores.mask_fill(future, -1.0e9), 3); // [b, h, t, p]
+        let attended = weights.matmul(values).swap_dims(1, 2).reshape([b, t, d]); // [b, t, d]
+        let x = x + self.proj.forward(attended);
+        let mlp = self.down.forward(gelu(self.up.forward(self.mlp_norm.forward(x.clone()))));
+        x + mlp
+    }
+}
