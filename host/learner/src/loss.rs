@@ -1,0 +1,178 @@
+//! The loss terms of the update, one function per equation. Every term is
+//! a token mean over the agent's tokens (`mask` = 1), the reference's
+//! `token-mean` aggregation.
+
+use burn::prelude::*;
+
+/// Decoupled clipping (DAPO's clip-higher): ratios are kept within
+/// `[1 - low, 1 + high]`. StarPO-S: 0.2 / 0.28; vanilla PPO: 0.2 / 0.2.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Clip {
+    pub low: f64,
+    pub high: f64,
+}
+
+/// Σ values·mask / Σ mask, as a one-element tensor.
+pub fn masked_mean<B: Backend>(values: Tensor<B, 1>, mask: Tensor<B, 1>) -> Tensor<B, 1> {
+    (values * mask.clone()).sum() / mask.sum().clamp_min(1.0)
+}
+
+/// The clipped surrogate and the signals logged beside it.
+pub struct PolicyLoss<B: Backend> {
+    pub loss: Tensor<B, 1>,
+    /// Share of agent tokens whose ratio was clipped.
+    pub clip_fraction: Tensor<B, 1>,
+    /// Token mean of `old_logp − logp` (the usual PPO KL estimate).
+    pub approx_kl: Tensor<B, 1>,
+}
+
+/// PPO: `r = exp(logp − old_logp)`,
+/// `loss_t = max(−A_t·r, −A_t·clip(r, 1 − low, 1 + high))`. All `[n]`.
+pub fn policy_loss<B: Backend>(
+    logp: Tensor<B, 1>,
+    old_logp: Tensor<B, 1>,
+    advantages: Tensor<B, 1>,
+    mask: Tensor<B, 1>,
+    clip: Clip,
+) -> PolicyLoss<B> {
+    let ratio = (logp.clone() - old_logp.clone()).exp();
+    let unclipped = advantages.clone().neg() * ratio.clone();
+    let clipped = advantages.neg() * ratio.clamp(1.0 - clip.low, 1.0 + clip.high);
+    let was_clipped = clipped.clone().greater(unclipped.clone()).float();
+    PolicyLoss {
+        loss: masked_mean(unclipped.max_pair(clipped), mask.clone()),
+        clip_fraction: masked_mean(was_clipped, mask.clone()),
+        approx_kl: masked_mean(old_logp - logp, mask),
+    }
+}
+
+/// Clipped value loss:
+/// `0.5 · max((V − R)², (V_old + clip(V − V_old, −c, c) − R)²)`. All `[n]`.
+pub fn value_loss<B: Backend>(
+    values: Tensor<B, 1>,
+    old_values: Tensor<B, 1>,
+    returns: Tensor<B, 1>,
+    mask: Tensor<B, 1>,
+    clip: f64,
+) -> Tensor<B, 1> {
+    let clipped = old_values.clone() + (values.clone() - old_values).clamp(-clip, clip);
+    let a = (values - returns.clone()).powi_scalar(2);
+    let b = (clipped - returns).powi_scalar(2);
+    masked_mean(a.max_pair(b), mask) * 0.5
+}
+
+/// The k3 estimator of KL(policy ‖ reference), low-variance and always ≥ 0:
+/// `exp(ref − logp) − (ref − logp) − 1`. All `[n]`.
+pub fn kl_to_reference<B: Backend>(logp: Tensor<B, 1>, ref_logp: Tensor<B, 1>, mask: Tensor<B, 1>) -> Tensor<B, 1> {
+    let d = ref_logp - logp;
+    masked_mean(d.clone().exp() - d - 1.0, mask)
+}
+
+/// Log-probabilities `[n, v]` of the distribution sampled from: logits over
+/// the temperature with disallowed tokens pushed to −1e9 (not −inf, so that
+/// `p·log p` stays 0 for them instead of NaN).
+pub fn masked_log_softmax<B: Backend>(logits: Tensor<B, 2>, allowed: Tensor<B, 2, Bool>, temperature: f64) -> Tensor<B, 2> {
+    let scaled = (logits / temperature).mask_fill(allowed.bool_not(), -1.0e9);
+    burn::tensor::activation::log_softmax(scaled, 1)
+}
+
+/// Entropy of each row of log-probabilities `[n, v]`, as `[n]`.
+pub fn entropy<B: Backend>(logp: Tensor<B, 2>) -> Tensor<B, 1> {
+    let [n, _] = logp.dims();
+    (logp.clone().exp() * logp).sum_dim(1).neg().reshape([n])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+
+    type B = Autodiff<Flex>;
+
+    fn t(xs: &[f32]) -> Tensor<B, 1> {
+        Tensor::from_floats(xs, &Default::default())
+    }
+
+    fn scalar(x: Tensor<B, 1>) -> f32 {
+        x.into_scalar()
+    }
+
+    const STARPO_S: Clip = Clip { low: 0.2, high: 0.28 };
+
+    /// One token: ratio `r`, advantage `a`.
+    fn one(r: f32, a: f32) -> (f32, f32) {
+        let l = policy_loss(t(&[r.ln()]), t(&[0.0]), t(&[a]), t(&[1.0]), STARPO_S);
+        (scalar(l.loss), scalar(l.clip_fraction))
+    }
+
+    fn close(a: f32, b: f32) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+
+    #[test]
+    fn inside_the_clip_range_the_loss_is_the_plain_surrogate() {
+        let (loss, clipped) = one(1.1, 1.0);
+        close(loss, -1.1);
+        assert_eq!(clipped, 0.0);
+        let (loss, clipped) = one(0.9, -1.0);
+        close(loss, 0.9);
+        assert_eq!(clipped, 0.0);
+    }
+
+    #[test]
+    fn outside_the_range_the_pessimistic_side_wins() {
+        // Positive advantage: gains above 1.28 are cut; losses below 0.8 are not.
+        close(one(1.5, 1.0).0, -1.28);
+        assert_eq!(one(1.5, 1.0).1, 1.0);
+        close(one(0.5, 1.0).0, -0.5);
+        assert_eq!(one(0.5, 1.0).1, 0.0);
+        // Negative advantage: the ratio is held at 0.8 from below.
+        close(one(0.5, -1.0).0, 0.8);
+        assert_eq!(one(0.5, -1.0).1, 1.0);
+        close(one(1.5, -1.0).0, 1.5);
+        // The upper bound is decoupled: 1.25 is inside for 0.28, outside for 0.2.
+        close(one(1.25, 1.0).0, -1.25);
+        let symmetric = policy_loss(t(&[1.25f32.ln()]), t(&[0.0]), t(&[1.0]), t(&[1.0]), Clip { low: 0.2, high: 0.2 });
+        close(scalar(symmetric.loss), -1.2);
+    }
+
+    #[test]
+    fn clipped_tokens_get_no_gradient_and_masked_tokens_do_not_count() {
+        // Tokens: r = 1.1 (inside), r = 1.5 (clipped, A > 0), masked-out token.
+        let logp = t(&[1.1f32.ln(), 1.5f32.ln(), 0.3]).require_grad();
+        let l = policy_loss(logp.clone(), t(&[0.0, 0.0, 0.0]), t(&[1.0, 1.0, 5.0]), t(&[1.0, 1.0, 0.0]), STARPO_S);
+        close(scalar(l.loss.clone()), (-1.1 - 1.28) / 2.0);
+        close(scalar(l.clip_fraction.clone()), 0.5);
+        let grads = l.loss.backward();
+        let g = logp.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap();
+        // d/dlogp of −A·r/2 = −A·r/2 for the free token; 0 when clipped or masked.
+        close(g[0], -1.1 / 2.0);
+        close(g[1], 0.0);
+        close(g[2], 0.0);
+    }
+
+    #[test]
+    fn the_value_loss_is_clipped_around_the_old_values() {
+        // V = 2, V_old = 1, R = 3, c = 0.5: (2−3)² = 1; clipped V = 1.5 → (1.5−3)² = 2.25.
+        close(scalar(value_loss(t(&[2.0]), t(&[1.0]), t(&[3.0]), t(&[1.0]), 0.5)), 0.5 * 2.25);
+        // Inside the clip: plain squared error.
+        close(scalar(value_loss(t(&[1.2]), t(&[1.0]), t(&[1.0]), t(&[1.0]), 0.5)), 0.5 * 0.04);
+    }
+
+    #[test]
+    fn kl_is_zero_at_the_reference_and_positive_away_from_it() {
+        close(scalar(kl_to_reference(t(&[-1.0, -2.0]), t(&[-1.0, -2.0]), t(&[1.0, 1.0]))), 0.0);
+        // d = 0.5: e^0.5 − 0.5 − 1
+        close(scalar(kl_to_reference(t(&[-1.0]), t(&[-0.5]), t(&[1.0]))), 0.5f32.exp() - 1.5);
+    }
+
+    #[test]
+    fn entropy_counts_only_allowed_tokens() {
+        let device = Default::default();
+        let logits = Tensor::<B, 2>::from_floats([[0.0, 0.0, 0.0, 9.0], [1.0, 1.0, 1.0, 1.0]], &device);
+        let allowed = Tensor::<B, 2, Bool>::from_data([[true, true, true, false], [true, true, true, true]], &device);
+        let h = entropy(masked_log_softmax(logits, allowed, 1.0)).into_data().to_vec::<f32>().unwrap();
+        close(h[0], 3f32.ln());
+        close(h[1], 4f32.ln());
+    }
+}
