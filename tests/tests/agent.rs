@@ -157,3 +157,28 @@ fn the_action_budget_and_max_turn_are_respected() {
     assert!(ts[0].turns.iter().all(|turn| turn.penalty == -0.1 && turn.parsed.actions == [0]));
     assert_eq!(ts[0].valid_action_ratio, 0.5);
 }
+
+#[test]
+fn an_untrained_transformer_always_answers_in_format() {
+    use burn::backend::Flex;
+    use ragen_policy::{BurnPolicy, PluginTokenizer, PolicyModelConfig, SamplingConfig};
+    for name in ["bandit", "sokoban"] {
+        let r = runner(name, 2, 2);
+        let tok = PluginTokenizer::new(r.spec());
+        let model = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(512).init::<Flex>(&Default::default());
+        let limits = r.limits();
+        let sampling = SamplingConfig { temperature: 1.0, think_budget: 8 };
+        let mut policy = BurnPolicy::new(model, tok, true, limits.max_actions_per_turn, sampling, 5, Default::default());
+        let ts = r.run(&mut policy, &[11, 12]).unwrap();
+        for t in &ts {
+            assert!(t.turns.iter().all(|turn| !turn.parsed.penalised), "{}", t.transcript());
+            assert_eq!(t.valid_action_ratio, 1.0);
+            assert!(t.failure.is_none());
+            // The recorded tokens are the policy's; their count matches the
+            // token view's loss mask.
+            let view = t.token_view(policy.plugin_tokenizer());
+            let agent: usize = view.loss_mask.iter().map(|&m| m as usize).sum();
+            assert_eq!(agent, t.segments.iter().map(|s| s.tokens.len()).sum::<usize>());
+        }
+    }
+}

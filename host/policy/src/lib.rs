@@ -13,12 +13,15 @@
 //!   generic over the Burn backend; [`sample`] draws a reply under the
 //!   grammar with a KV cache, and [`masked_logprobs`] recomputes its
 //!   log-probabilities in one full pass, as the learner will.
+//! * [`BurnPolicy`] puts the model behind the agent loop's `Policy` seam.
 
+mod agent;
 mod grammar;
 mod model;
 mod sample;
 mod tokenizer;
 
+pub use agent::{BurnPolicy, SamplingConfig};
 pub use grammar::{AnswerGrammar, GrammarState};
 pub use model::{KvCache, PolicyModel, PolicyModelConfig};
 pub use sample::{Sampled, masked_log_distribution, masked_logprobs, sample};
