@@ -14,6 +14,7 @@ use std::sync::Arc;
 pub struct Options {
     pub env: PathBuf,
     pub policy: String,
+    pub checkpoint: Option<PathBuf>,
     pub episodes: usize,
     pub seed_start: u64,
     pub seed: u64,
@@ -54,10 +55,30 @@ pub fn eval(opts: Options) -> Result<Report> {
     // Evaluation: one sample per seed.
     let rollout = RolloutConfig { env_groups: opts.episodes, group_size: 1, ..opts.config.rollout.clone() };
     let runner = RolloutRunner::new(plugin, &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
-    let mut policy: Box<dyn Policy> = match opts.policy.as_str() {
-        "random" => Box::new(RandomPolicy::new(opts.seed)),
-        "sokoban-solver" => Box::new(SokobanSolverPolicy::new(runner.spec()).context("--policy sokoban-solver needs a Sokoban plugin")?),
-        other => bail!("unknown policy `{other}`; use `random` or `sokoban-solver`"),
+    let mut policy: Box<dyn Policy> = match (&opts.checkpoint, opts.policy.as_str()) {
+        (Some(run), _) => {
+            type B = burn::backend::Autodiff<burn::backend::Flex>;
+            let (config, learner, tokenizer) = ragen_learner::load_policy::<B>(run, runner.spec(), Default::default())?;
+            let sampling = ragen_policy::SamplingConfig {
+                temperature: config.sampling.val_temperature as f32,
+                think_budget: config.sampling.think_budget,
+            };
+            let think = config.agent.rollout.enable_think;
+            Box::new(ragen_policy::BurnPolicy::new(
+                learner.policy_model(),
+                tokenizer,
+                think,
+                runner.limits().max_actions_per_turn,
+                sampling,
+                opts.seed,
+                Default::default(),
+            ))
+        }
+        (None, "random") => Box::new(RandomPolicy::new(opts.seed)),
+        (None, "sokoban-solver") => {
+            Box::new(SokobanSolverPolicy::new(runner.spec()).context("--policy sokoban-solver needs a Sokoban plugin")?)
+        }
+        (None, other) => bail!("unknown policy `{other}`; use `random` or `sokoban-solver`, or --checkpoint DIR"),
     };
     let seeds: Vec<u64> = (0..opts.episodes as u64).map(|i| opts.seed_start + i).collect();
     let ts = runner.run(policy.as_mut(), &seeds)?;

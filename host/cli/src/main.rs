@@ -4,6 +4,7 @@ mod bench;
 mod eval;
 mod inspect;
 mod play;
+mod train;
 mod validate;
 
 use anyhow::{Context, Result, bail};
@@ -26,7 +27,9 @@ use std::time::Duration;
         ragen-host validate my-env.wasm\n  \
         ragen-host play target/plugins/frozenlake.wasm --seed 3\n  \
         ragen-host bench target/plugins/sokoban.wasm --envs 1024 --json\n  \
-        ragen-host eval --env target/plugins/sokoban.wasm --policy random --json"
+        ragen-host eval --env target/plugins/sokoban.wasm --policy random --json\n  \
+        ragen-host train --env target/plugins/bandit.wasm --steps 20 --out runs/bandit\n  \
+        ragen-host eval --env target/plugins/bandit.wasm --checkpoint runs/bandit"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -122,6 +125,41 @@ enum Command {
         #[command(flatten)]
         settings: Settings,
     },
+    /// Train a policy from scratch on a plugin with StarPO-S (default),
+    /// StarPO or GRPO. The run directory gets config.toml (the resolved
+    /// config), metrics.jsonl (one line per step: success, reward, reward
+    /// std before/after the variance filter, entropy, gradient norm, clip
+    /// fraction, approx KL, reply length, valid actions, validation success
+    /// every test_freq steps) and a checkpoint every save_freq steps and on
+    /// Ctrl-C. `--resume DIR` continues a run exactly.
+    Train {
+        /// The environment plugin.
+        #[arg(long)]
+        env: PathBuf,
+        /// A TOML file: algo, seed, steps, test_freq, save_freq, val_episodes,
+        /// and [rollout], [prompt], [env], [model], [sampling], [ppo] sections.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Training steps (overrides the config).
+        #[arg(long)]
+        steps: Option<u64>,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// The run directory.
+        #[arg(long, default_value = "runs/latest")]
+        out: PathBuf,
+        /// The tensor backend; `flex` (CPU) is the one in this build.
+        #[arg(long, default_value = "flex")]
+        backend: String,
+        /// Continue the run in this directory from its checkpoint.
+        #[arg(long, value_name = "DIR")]
+        resume: Option<PathBuf>,
+        /// starpo-s (default), starpo or grpo; each key stays overridable in [ppo].
+        #[arg(long, value_parser = parse_algo)]
+        algo: Option<ragen_learner::Algo>,
+        #[command(flatten)]
+        settings: Settings,
+    },
     /// Play a policy on fixed seeds (default: 256 seeds from 123, one
     /// episode each, as the reference evaluates) and report success, return,
     /// valid- and effective-action ratios, and the optimal policy's success
@@ -132,9 +170,13 @@ enum Command {
         #[arg(long)]
         env: PathBuf,
         /// `random` (uniform well-formed answers) or `sokoban-solver`
-        /// (replays BFS solutions).
+        /// (replays BFS solutions); ignored with --checkpoint.
         #[arg(long, default_value = "random")]
         policy: String,
+        /// Evaluate the policy trained in this run directory (at its
+        /// validation temperature, 0.5 by default).
+        #[arg(long, value_name = "DIR")]
+        checkpoint: Option<PathBuf>,
         #[arg(long, default_value_t = 256)]
         episodes: usize,
         /// The first evaluation seed.
@@ -158,6 +200,15 @@ enum Command {
         #[command(flatten)]
         settings: Settings,
     },
+}
+
+fn parse_algo(s: &str) -> Result<ragen_learner::Algo, String> {
+    match s {
+        "starpo-s" => Ok(ragen_learner::Algo::StarpoS),
+        "starpo" => Ok(ragen_learner::Algo::Starpo),
+        "grpo" => Ok(ragen_learner::Algo::Grpo),
+        other => Err(format!("`{other}`: use starpo-s, starpo or grpo")),
+    }
 }
 
 fn default_threads(threads: Option<usize>) -> usize {
@@ -204,14 +255,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 print!("{}", report.to_text());
             }
         }
-        Command::Eval { env, policy, episodes, seed_start, seed, config, trajectories, threads, json, settings } => {
-            let config = match config {
-                Some(path) => ragen_agent::AgentConfig::load(&path)?,
-                None => ragen_agent::AgentConfig::default(),
+        Command::Train { env, config, steps, seed, out, backend, resume, algo, settings } => {
+            train::run(train::Options { env, config, steps, seed, out, backend, resume, algo, settings: settings.parse()? })?;
+        }
+        Command::Eval { env, policy, checkpoint, episodes, seed_start, seed, config, trajectories, threads, json, settings } => {
+            let config = match (&config, &checkpoint) {
+                (Some(path), _) => ragen_agent::AgentConfig::load(path)?,
+                // A trained policy is evaluated under the prompts and settings it trained with.
+                (None, Some(run)) => ragen_learner::TrainConfig::load(&run.join("config.toml"))?.agent,
+                (None, None) => ragen_agent::AgentConfig::default(),
             };
             let opts = eval::Options {
                 env,
                 policy,
+                checkpoint,
                 episodes,
                 seed_start,
                 seed,

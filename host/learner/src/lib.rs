@@ -8,10 +8,14 @@
 //! on these.
 
 mod advantages;
+pub mod config;
 mod filter;
 pub mod loss;
+pub mod run;
 mod update;
 
 pub use advantages::{gae, grpo};
 pub use filter::RolloutFilter;
+pub use config::{Algo, TrainConfig};
+pub use run::{StepMetrics, load_policy, train};
 pub use update::{Estimator, Learner, UpdateConfig, UpdateStats};

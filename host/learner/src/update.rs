@@ -14,15 +14,17 @@
 
 use crate::advantages::{gae, grpo};
 use crate::loss::{Clip, masked_log_softmax, masked_mean, policy_loss, value_loss};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
+use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::Trajectory;
 use ragen_policy::{AnswerGrammar, PluginTokenizer, PolicyModel};
+use std::path::Path;
 
 /// Where advantages come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +107,31 @@ impl<B: AutodiffBackend> Learner<B> {
 
     pub fn model(&self) -> &PolicyModel<B> {
         self.model.as_ref().expect("the model is only taken during a step")
+    }
+
+    /// Write the model and the optimiser state into `dir` (which exists).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        self.model().clone().save_file(dir.join("model"), &recorder).context("cannot write the model")?;
+        recorder.record(self.optimizer.to_record(), dir.join("optimizer")).context("cannot write the optimizer state")?;
+        Ok(())
+    }
+
+    /// Restore what [`Learner::save`] wrote.
+    pub fn load(&mut self, dir: &Path) -> Result<()> {
+        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        let model = self.model.take().expect("model present");
+        let model = model.load_file(dir.join("model"), &recorder, &self.device);
+        let model = match model {
+            Ok(m) => m,
+            Err(e) => bail!("cannot read the model from `{}`: {e}", dir.display()),
+        };
+        self.model = Some(model);
+        let record = recorder
+            .load(dir.join("optimizer"), &self.device)
+            .with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
+        self.optimizer = self.optimizer.clone().load_record(record);
+        Ok(())
     }
 
     /// One update on `batch` (already filtered).

@@ -1,0 +1,103 @@
+//! `ragen-host train`: StarPO-S (or StarPO, GRPO) on a plugin, with a live
+//! progress bar, metrics.jsonl, config.toml and checkpoints in the run
+//! directory.
+
+use anyhow::{Context, Result, bail};
+use burn::backend::{Autodiff, Flex};
+use indicatif::{ProgressBar, ProgressStyle};
+use ragen_learner::{Algo, TrainConfig, train};
+use ragen_runtime::Plugin;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub struct Options {
+    pub env: PathBuf,
+    pub config: Option<PathBuf>,
+    pub steps: Option<u64>,
+    pub seed: Option<u64>,
+    pub out: PathBuf,
+    pub backend: String,
+    pub resume: Option<PathBuf>,
+    pub algo: Option<Algo>,
+    pub settings: Vec<(String, String)>,
+}
+
+pub fn run(opts: Options) -> Result<()> {
+    if opts.backend != "flex" {
+        bail!(
+            "backend `{}` is not in this build yet: only `flex` (CPU) is; the wgpu and cuda backends are still to come",
+            opts.backend
+        );
+    }
+    let (mut config, out, resume) = match &opts.resume {
+        Some(dir) => (TrainConfig::load(&dir.join("config.toml")).context("--resume needs a run directory")?, dir.clone(), true),
+        None => (opts.config.as_deref().map(TrainConfig::load).transpose()?.unwrap_or_default(), opts.out.clone(), false),
+    };
+    if let Some(steps) = opts.steps {
+        config.steps = steps;
+    }
+    if let Some(seed) = opts.seed {
+        if resume && seed != config.seed {
+            bail!("--seed {seed} differs from the run's seed {}; a resumed run keeps its seed", config.seed);
+        }
+        config.seed = seed;
+    }
+    if let Some(algo) = opts.algo {
+        config.algo = algo;
+    }
+    for (k, v) in &opts.settings {
+        config.agent.env.insert(k.clone(), toml::Value::String(v.clone()));
+    }
+    let plugin = Arc::new(Plugin::from_file(&opts.env)?);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || {
+            if stop.swap(true, Ordering::SeqCst) {
+                eprintln!("\nsecond Ctrl-C: stopping now without a final checkpoint");
+                std::process::exit(130);
+            }
+            eprintln!("\nCtrl-C: finishing this step, then writing a checkpoint (Ctrl-C again to abort)");
+        })
+        .context("cannot install the Ctrl-C handler")?;
+    }
+
+    let bar = ProgressBar::new(config.steps);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps {elapsed_precise} | {msg}")
+            .expect("a valid template"),
+    );
+    eprintln!("training `{}` with {:?} for {} steps into {}", opts.env.display(), config.algo, config.steps, out.display());
+    let history = train::<Autodiff<Flex>>(plugin, &config, &out, resume, Default::default(), &stop, |m| {
+        bar.set_position(m.step + 1);
+        let val = m.val_success.map(|v| format!(" val {:.1}%", 100.0 * v)).unwrap_or_default();
+        bar.set_message(format!(
+            "success {:.1}% reward {:.2} std {:.2} entropy {:.2}{val}",
+            100.0 * m.success,
+            m.return_mean,
+            m.reward_std_before_filter,
+            m.entropy
+        ));
+        if let Some(alarm) = &m.collapse_alarm {
+            bar.println(format!("warning at step {}: {alarm}", m.step));
+        }
+        if let Some(skipped) = &m.skipped {
+            bar.println(format!("warning at step {}: update skipped: {skipped}", m.step));
+        }
+    })?;
+    bar.finish();
+    let last_val = history.iter().rev().find_map(|m| m.val_success);
+    eprintln!(
+        "done: {} steps; last validation success {}; metrics in {}/metrics.jsonl, checkpoint in {}/checkpoint",
+        history.len(),
+        last_val.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "n/a".into()),
+        out.display(),
+        out.display()
+    );
+    if stop.load(Ordering::SeqCst) {
+        eprintln!("stopped early; continue with: ragen-host train --env {} --resume {}", opts.env.display(), out.display());
+    }
+    Ok(())
+}

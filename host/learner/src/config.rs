@@ -1,0 +1,205 @@
+//! A training run's configuration: a preset (`algo`) and every key of it
+//! overridable, named as in RAGEN where one exists.
+
+use crate::loss::Clip;
+use crate::update::{Estimator, UpdateConfig};
+use anyhow::{Context, Result};
+use ragen_agent::AgentConfig;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The three algorithms the paper compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algo {
+    /// PPO with a critic, decoupled clip 0.2/0.28, no KL, top-25% variance filter.
+    StarpoS,
+    /// Vanilla StarPO: PPO with a critic, symmetric clip 0.2, KL 0.001, no filter.
+    Starpo,
+    /// Critic-free GRPO (StarPO's other variant), symmetric clip, no filter.
+    Grpo,
+}
+
+/// `[model]`: the transformer's size. The default learns on 2 CPU cores.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    pub d_model: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub max_seq_len: usize,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self { d_model: 64, n_layers: 2, n_heads: 4, max_seq_len: 2048 }
+    }
+}
+
+/// `[sampling]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingSection {
+    /// Rollout temperature (the reference's 1.0).
+    pub temperature: f64,
+    /// Validation temperature (the reference's 0.5).
+    pub val_temperature: f64,
+    /// Thinking tokens before `</think>` is forced.
+    pub think_budget: u32,
+}
+
+impl Default for SamplingSection {
+    fn default() -> Self {
+        Self { temperature: 1.0, val_temperature: 0.5, think_budget: 16 }
+    }
+}
+
+/// `[ppo]`: overrides of the preset, key by key (absent = the preset's).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PpoSection {
+    pub adv_estimator: Option<String>,
+    pub clip_ratio_low: Option<f64>,
+    pub clip_ratio_high: Option<f64>,
+    pub entropy_coeff: Option<f64>,
+    pub kl_coef: Option<f64>,
+    pub value_coef: Option<f64>,
+    pub cliprange_value: Option<f64>,
+    pub gamma: Option<f32>,
+    pub lam: Option<f32>,
+    pub grad_clip: Option<f64>,
+    pub lr: Option<f64>,
+    pub weight_decay: Option<f32>,
+    pub rollout_filter_ratio: Option<f64>,
+}
+
+/// The whole run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    pub algo: Algo,
+    pub seed: u64,
+    /// Training steps (one rollout batch and one update each).
+    pub steps: u64,
+    /// Validate every this many steps (and at the last).
+    pub test_freq: u64,
+    /// Checkpoint every this many steps (and at the last, and on Ctrl-C).
+    pub save_freq: u64,
+    /// Validation episodes, one per seed from 123.
+    pub val_episodes: usize,
+    #[serde(flatten)]
+    pub agent: AgentConfig,
+    pub model: ModelSection,
+    pub sampling: SamplingSection,
+    pub ppo: PpoSection,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            algo: Algo::StarpoS,
+            seed: 0,
+            steps: 200,
+            test_freq: 10,
+            save_freq: 10,
+            val_episodes: 256,
+            agent: AgentConfig::default(),
+            model: ModelSection::default(),
+            sampling: SamplingSection::default(),
+            ppo: PpoSection::default(),
+        }
+    }
+}
+
+/// What the update and the filter run with, after the preset and overrides.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Resolved {
+    pub update: UpdateConfig,
+    pub kl_coef: f64,
+    pub rollout_filter_ratio: f64,
+}
+
+impl TrainConfig {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config `{}`", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("config `{}` is not valid", path.display()))
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("the config serialises")
+    }
+
+    /// The preset, then every override given.
+    pub fn resolve(&self) -> Result<Resolved> {
+        let mut u = UpdateConfig::default();
+        let (mut kl, mut filter) = (0.0, 0.25);
+        match self.algo {
+            Algo::StarpoS => {}
+            Algo::Starpo => {
+                u.clip = Clip { low: 0.2, high: 0.2 };
+                kl = 0.001;
+                filter = 1.0;
+            }
+            Algo::Grpo => {
+                u.estimator = Estimator::Grpo;
+                u.clip = Clip { low: 0.2, high: 0.2 };
+                filter = 1.0;
+            }
+        }
+        let p = &self.ppo;
+        if let Some(e) = &p.adv_estimator {
+            u.estimator = match e.as_str() {
+                "gae" => Estimator::Gae,
+                "grpo" => Estimator::Grpo,
+                other => anyhow::bail!("ppo.adv_estimator `{other}`: use `gae` (PPO with a critic) or `grpo`"),
+            };
+        }
+        u.clip.low = p.clip_ratio_low.unwrap_or(u.clip.low);
+        u.clip.high = p.clip_ratio_high.unwrap_or(u.clip.high);
+        u.entropy_coef = p.entropy_coeff.unwrap_or(u.entropy_coef);
+        u.value_coef = p.value_coef.unwrap_or(u.value_coef);
+        u.value_clip = p.cliprange_value.unwrap_or(u.value_clip);
+        u.gamma = p.gamma.unwrap_or(u.gamma);
+        u.lambda = p.lam.unwrap_or(u.lambda);
+        u.max_grad_norm = p.grad_clip.unwrap_or(u.max_grad_norm);
+        u.lr = p.lr.unwrap_or(u.lr);
+        u.weight_decay = p.weight_decay.unwrap_or(u.weight_decay);
+        u.temperature = self.sampling.temperature;
+        let kl_coef = p.kl_coef.unwrap_or(kl);
+        let rollout_filter_ratio = p.rollout_filter_ratio.unwrap_or(filter);
+        if !(rollout_filter_ratio > 0.0 && rollout_filter_ratio <= 1.0) {
+            anyhow::bail!("ppo.rollout_filter_ratio {rollout_filter_ratio}: use a share in (0, 1]");
+        }
+        if kl_coef != 0.0 {
+            anyhow::bail!(
+                "ppo.kl_coef {kl_coef}: the KL penalty to a reference policy is not implemented yet; set kl_coef = 0 \
+                 (StarPO-S's setting) or use algo = \"starpo-s\"/\"grpo\""
+            );
+        }
+        Ok(Resolved { update: u, kl_coef, rollout_filter_ratio })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_and_overrides() {
+        let s = TrainConfig::default().resolve().unwrap();
+        assert_eq!((s.update.clip.low, s.update.clip.high, s.rollout_filter_ratio), (0.2, 0.28, 0.25));
+        let g: TrainConfig = toml::from_str("algo = \"grpo\"\n[ppo]\nclip_ratio_high = 0.3\n").unwrap();
+        let g = g.resolve().unwrap();
+        assert_eq!(g.update.estimator, Estimator::Grpo);
+        assert_eq!((g.update.clip.high, g.rollout_filter_ratio), (0.3, 1.0));
+        let bad: TrainConfig = toml::from_str("[ppo]\nadv_estimator = \"vtrace\"\n").unwrap();
+        assert!(bad.resolve().unwrap_err().to_string().contains("adv_estimator"));
+        assert!(toml::from_str::<TrainConfig>("stepz = 3").unwrap_err().to_string().contains("stepz"));
+    }
+
+    #[test]
+    fn the_written_config_reads_back() {
+        let c: TrainConfig = toml::from_str("steps = 7\n[rollout]\ngroup_size = 4\n[env]\ndim_x = 8\n").unwrap();
+        assert_eq!(toml::from_str::<TrainConfig>(&c.to_toml()).unwrap(), c);
+    }
+}
