@@ -131,18 +131,8 @@ pub fn train<B: AutodiffBackend>(
     let val_runner = RolloutRunner::new(plugin, &settings, val_rollout, config.agent.prompt.clone(), threads)?;
     let limits = runner.limits();
     let think = config.agent.rollout.enable_think;
-    let tokenizer = PluginTokenizer::new(runner.spec());
-    let grammar = AnswerGrammar::new(&tokenizer, think, config.sampling.think_budget, limits.max_actions_per_turn);
-
     B::seed(&device, config.seed);
-    let m = &config.model;
-    let model = PolicyModelConfig::new(tokenizer.vocab_size())
-        .with_d_model(m.d_model)
-        .with_n_layers(m.n_layers)
-        .with_n_heads(m.n_heads)
-        .with_max_seq_len(m.max_seq_len)
-        .init::<B>(&device);
-    let mut learner = Learner::new(model, grammar, resolved.update, device.clone());
+    let (mut learner, tokenizer) = build_learner::<B>(config, runner.spec(), device.clone())?;
 
     let mut history: Vec<StepMetrics> = Vec::new();
     let mut start = 0;
@@ -272,14 +262,13 @@ fn save_checkpoint<B: AutodiffBackend>(learner: &Learner<B>, dir: &RunDir, step:
     Ok(())
 }
 
-/// Load a trained policy from a run directory for evaluation.
-pub fn load_policy<B: AutodiffBackend>(
-    run: &Path,
+/// The tokenizer, grammar, model and learner a config describes for an env
+/// (freshly initialised; training and evaluation share this).
+fn build_learner<B: AutodiffBackend>(
+    config: &TrainConfig,
     spec: &ragen_runtime::EnvSpec,
     device: B::Device,
-) -> Result<(TrainConfig, Learner<B>, PluginTokenizer)> {
-    let dir = RunDir(run.to_path_buf());
-    let config = TrainConfig::load(&dir.config())?;
+) -> Result<(Learner<B>, PluginTokenizer)> {
     let resolved = config.resolve()?;
     let tokenizer = PluginTokenizer::new(spec);
     let limits = config.agent.rollout.limits(spec);
@@ -291,7 +280,18 @@ pub fn load_policy<B: AutodiffBackend>(
         .with_n_heads(m.n_heads)
         .with_max_seq_len(m.max_seq_len)
         .init::<B>(&device);
-    let mut learner = Learner::new(model, grammar, resolved.update, device);
+    Ok((Learner::new(model, grammar, resolved.update, device), tokenizer))
+}
+
+/// Load a trained policy from a run directory for evaluation.
+pub fn load_policy<B: AutodiffBackend>(
+    run: &Path,
+    spec: &ragen_runtime::EnvSpec,
+    device: B::Device,
+) -> Result<(TrainConfig, Learner<B>, PluginTokenizer)> {
+    let dir = RunDir(run.to_path_buf());
+    let config = TrainConfig::load(&dir.config())?;
+    let (mut learner, tokenizer) = build_learner::<B>(&config, spec, device)?;
     learner.load(&dir.checkpoint())?;
     Ok((config, learner, tokenizer))
 }
