@@ -1,6 +1,7 @@
 //! `ragen-host`: the ragen-rs command line.
 
 mod bench;
+mod dashboard;
 mod eval;
 mod inspect;
 mod play;

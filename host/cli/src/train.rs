@@ -70,7 +70,24 @@ pub fn run(opts: Options) -> Result<()> {
             .expect("a valid template"),
     );
     eprintln!("training `{}` with {:?} for {} steps into {}", opts.env.display(), config.algo, config.steps, out.display());
+    let dashboard = out.join("dashboard.png");
+    // The resumed part of a run, so the dashboard shows the whole run.
+    let mut seen: Vec<ragen_learner::StepMetrics> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+        .unwrap_or_default();
+    let mut dashboard_warned = false;
     let history = train::<Autodiff<Flex>>(plugin, &config, &out, resume, Default::default(), &stop, |m| {
+        seen.retain(|old| old.step < m.step);
+        seen.push(m.clone());
+        // Redraw on validation steps (and the last): cheap next to a step.
+        if m.val_success.is_some() || m.step + 1 == config.steps {
+            if let Err(e) = crate::dashboard::write(&dashboard, &seen) {
+                if !dashboard_warned {
+                    bar.println(format!("warning: no dashboard: {e:#}"));
+                    dashboard_warned = true;
+                }
+            }
+        }
         bar.set_position(m.step + 1);
         let val = m.val_success.map(|v| format!(" val {:.1}%", 100.0 * v)).unwrap_or_default();
         bar.set_message(format!(
@@ -90,10 +107,9 @@ pub fn run(opts: Options) -> Result<()> {
     bar.finish();
     let last_val = history.iter().rev().find_map(|m| m.val_success);
     eprintln!(
-        "done: {} steps; last validation success {}; metrics in {}/metrics.jsonl, checkpoint in {}/checkpoint",
+        "done: {} steps; last validation success {}; in {}: metrics.jsonl, dashboard.png, checkpoint/",
         history.len(),
         last_val.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "n/a".into()),
-        out.display(),
         out.display()
     );
     if stop.load(Ordering::SeqCst) {

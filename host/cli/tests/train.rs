@@ -50,6 +50,8 @@ fn a_run_leaves_metrics_and_a_checkpoint_and_resumes_exactly() {
     }
     assert!(metrics_a.lines().filter(|l| l.contains("val_success")).count() >= 2, "validation every test_freq steps");
     assert!(a.join("config.toml").exists() && a.join("checkpoint/state.json").exists());
+    let png = std::fs::read(a.join("dashboard.png")).expect("a dashboard is drawn");
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "dashboard.png is a real picture");
 
     // Three steps, then resume to six: the same metrics as one straight run.
     let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--steps", "3", "--out", b.to_str().unwrap()]);

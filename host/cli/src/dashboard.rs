@@ -1,0 +1,106 @@
+//! The run's dashboard: the Echo-Trap signals over training steps, one PNG
+//! a person can look at instead of reading metrics.jsonl.
+
+use anyhow::{Context, Result, anyhow};
+use plotters::prelude::*;
+use ragen_learner::StepMetrics;
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Fonts the dashboard can use, looked up at run time (plotters draws text
+/// with a font it is handed; we ship none). Debian: `fonts-dejavu-core`.
+const FONT_PATHS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+/// Register a sans-serif font once per process.
+fn font() -> Result<()> {
+    static FONT: OnceLock<Result<(), String>> = OnceLock::new();
+    FONT.get_or_init(|| {
+        let bytes = FONT_PATHS.iter().find_map(|p| std::fs::read(p).ok()).ok_or_else(|| {
+            format!("no font found for the dashboard (looked in {}); install fonts-dejavu-core", FONT_PATHS.join(", "))
+        })?;
+        // plotters keeps fonts for the whole process; the bytes live as long.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| "the font file is not a usable font".to_string())
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
+}
+
+type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
+
+/// A y-axis label readable at any scale (approx KL lives around 1e-8).
+fn tick(y: f64, span: f64) -> String {
+    if span < 0.01 { format!("{y:.1e}") } else { format!("{y:.2}") }
+}
+
+/// Six panels: success (train and validation), reward, in-group reward std
+/// before and after the filter, entropy, gradient norm, clip fraction and
+/// approx KL.
+pub fn write(path: &Path, history: &[StepMetrics]) -> Result<()> {
+    font()?;
+    let root = BitMapBackend::new(path, (1500, 900)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    let panels = root.split_evenly((2, 3));
+    let xy = |f: &dyn Fn(&StepMetrics) -> Option<f64>| -> Vec<(f64, f64)> {
+        history.iter().filter_map(|m| f(m).map(|y| (m.step as f64, y))).collect()
+    };
+    let charts: Vec<(&str, Vec<Series>)> = vec![
+        ("success", vec![("train", BLUE, xy(&|m| Some(m.success))), ("validation", RED, xy(&|m| m.val_success))]),
+        ("reward (mean)", vec![("reward", BLUE, xy(&|m| Some(m.return_mean)))]),
+        (
+            "in-group reward std",
+            vec![
+                ("before filter", BLUE, xy(&|m| Some(m.reward_std_before_filter))),
+                ("after filter", RED, xy(&|m| Some(m.reward_std_after_filter))),
+            ],
+        ),
+        ("entropy", vec![("entropy", BLUE, xy(&|m| Some(m.entropy as f64)))]),
+        ("gradient norm", vec![("grad norm", BLUE, xy(&|m| Some(m.grad_norm as f64)))]),
+        (
+            "clip fraction / approx KL",
+            vec![("clip fraction", BLUE, xy(&|m| Some(m.clip_fraction as f64))), ("approx KL", RED, xy(&|m| Some(m.approx_kl as f64)))],
+        ),
+    ];
+    let last_step = history.last().map_or(1.0, |m| m.step as f64).max(1.0);
+    for (area, (title, series)) in panels.iter().zip(charts) {
+        let ys: Vec<f64> = series.iter().flat_map(|s| s.2.iter().map(|p| p.1)).filter(|y| y.is_finite()).collect();
+        let (lo, hi) = ys.iter().fold((f64::MAX, f64::MIN), |(a, b), &y| (a.min(y), b.max(y)));
+        let (lo, hi) = if ys.is_empty() { (0.0, 1.0) } else if hi - lo < 1e-9 { (lo - 0.5, hi + 0.5) } else { (lo, hi + 0.05 * (hi - lo)) };
+        let mut chart = ChartBuilder::on(area)
+            .caption(title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..last_step, lo..hi)
+            .map_err(|e| anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| tick(*y, hi - lo))
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+        for (name, color, points) in series {
+            let points: Vec<(f64, f64)> = points.into_iter().filter(|p| p.1.is_finite()).collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(|e| anyhow!("{e}"))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            chart.draw_series(points.into_iter().map(|p| Circle::new(p, 2, color.filled()))).map_err(|e| anyhow!("{e}"))?;
+        }
+        chart
+            .configure_series_labels()
+            .label_font(("sans-serif", 14))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    root.present().map_err(|e| anyhow!("{e}")).with_context(|| format!("cannot write `{}`", path.display()))
+}
