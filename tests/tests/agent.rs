@@ -8,16 +8,10 @@ use ragen_agent::{
     ByteTokenizer, Context, EVAL_SEED_START, Policy, PromptTemplates, Response, Role, RolloutConfig, RolloutRunner, Tokenizer,
     read_jsonl, summarize, write_jsonl,
 };
-use ragen_runtime::Plugin;
+use common::shipped;
 use std::path::PathBuf;
-use std::sync::Arc;
 
-fn shipped(name: &str) -> Arc<Plugin> {
-    let dir = std::env::var_os("RAGEN_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"));
-    Arc::new(Plugin::from_file(dir.join(format!("{name}.wasm"))).unwrap_or_else(|e| panic!("{e:#} (run `make plugins`)")))
-}
+mod common;
 
 fn runner(name: &str, groups: usize, group_size: usize) -> RolloutRunner {
     let config = RolloutConfig { env_groups: groups, group_size, ..RolloutConfig::default() };

@@ -5,19 +5,11 @@ use burn::backend::{Autodiff, Flex};
 use ragen_agent::{PromptTemplates, RolloutConfig, RolloutRunner, Trajectory, summarize};
 use ragen_learner::{Learner, UpdateConfig};
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModelConfig, SamplingConfig};
-use ragen_runtime::Plugin;
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type B = Autodiff<Flex>;
+mod common;
 
-fn bandit() -> Arc<Plugin> {
-    let dir = std::env::var_os("RAGEN_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"));
-    Arc::new(Plugin::from_file(dir.join("bandit.wasm")).unwrap_or_else(|e| panic!("{e:#} (run `make plugins`)")))
-}
+type B = Autodiff<Flex>;
 
 #[test]
 fn a_tiny_transformer_learns_to_pick_the_better_arm() {
@@ -36,7 +28,7 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
         format_answer: String::new(),
     };
     let config = RolloutConfig { env_groups: 4, group_size: 8, enable_think: false, ..RolloutConfig::default() };
-    let runner = RolloutRunner::new(bandit(), &settings, config, templates, 2).unwrap();
+    let runner = RolloutRunner::new(common::shipped("bandit"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
     let model = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);

@@ -7,14 +7,8 @@ use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
 use ragen_runtime::{ErrorKind, Plugin, PluginInstance};
 use std::path::PathBuf;
 
-fn plugin_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("RAGEN_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"));
-    let path = dir.join(format!("{name}.wasm"));
-    assert!(path.exists(), "{} is missing: run `make plugins` first (or set RAGEN_PLUGIN_DIR)", path.display());
-    path
-}
+mod common;
+use common::plugin_path;
 
 fn load(name: &str) -> Plugin {
     Plugin::from_file(plugin_path(name)).unwrap_or_else(|e| panic!("{name}: {e:#}"))

@@ -4,24 +4,11 @@
 
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
 use ragen_env_sokoban::Sokoban;
-use ragen_runtime::{EnvPool, FailureKind, FaultKind, Plugin, PoolConfig, SandboxLimits, next_seed};
-use std::path::PathBuf;
-use std::sync::Arc;
+use ragen_runtime::{EnvPool, FailureKind, FaultKind, PoolConfig, SandboxLimits, next_seed};
 use std::time::{Duration, Instant};
 
-fn dir(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(default))
-}
-
-fn shipped(name: &str) -> Arc<Plugin> {
-    let path = dir("RAGEN_PLUGIN_DIR", "../target/plugins").join(format!("{name}.wasm"));
-    Arc::new(Plugin::from_file(&path).unwrap_or_else(|e| panic!("{e:#} (run `make plugins`)")))
-}
-
-fn faulty(fault: &str, limits: SandboxLimits) -> Arc<Plugin> {
-    let path = dir("RAGEN_TEST_PLUGIN_DIR", "../target/test-plugins").join(format!("{fault}.wasm"));
-    Arc::new(Plugin::from_file_with(&path, limits).unwrap_or_else(|e| panic!("{e:#} (run `make test-plugins`)")))
-}
+mod common;
+use common::{faulty, shipped};
 
 fn config(num_envs: usize, threads: usize, per_instance: usize) -> PoolConfig {
     PoolConfig { threads, envs_per_instance: per_instance, ..PoolConfig::new(num_envs) }
