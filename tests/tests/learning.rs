@@ -5,7 +5,7 @@ use burn::backend::{Autodiff, Flex};
 use ragen_agent::{PromptTemplates, RolloutConfig, RolloutRunner, Trajectory, summarize};
 use ragen_learner::{Learner, UpdateConfig};
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModelConfig, SamplingConfig};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 mod common;
 
@@ -53,5 +53,27 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
     eprintln!("success per update: {history:?} ({:?})", started.elapsed());
     let last = &history[history.len() - 3..];
     assert!(last.iter().all(|&s| s >= 0.95), "did not learn within {} updates: {history:?}", history.len());
-    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn the_kl_term_starts_at_zero_and_grows_as_the_policy_moves() {
+    let templates = PromptTemplates { system: String::new(), intro: "{actions}\n".into(), legend: String::new(), turn: "{state}\n".into(), ..PromptTemplates::default() };
+    let config = RolloutConfig { env_groups: 4, group_size: 8, enable_think: false, ..RolloutConfig::default() };
+    let runner = RolloutRunner::new(common::shipped("bandit"), &[], config, templates, 2).unwrap();
+    let tok = PluginTokenizer::new(runner.spec());
+    let device = Default::default();
+    let model = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let grammar = AnswerGrammar::new(&tok, false, 0, 1);
+    let mut learner = Learner::new(model, grammar, UpdateConfig { lr: 1e-2, kl_coef: 0.01, ..UpdateConfig::default() }, device);
+    let mut kls = vec![];
+    for step in 0..4u64 {
+        let sampling = SamplingConfig { temperature: 1.0, think_budget: 0 };
+        let mut policy = BurnPolicy::new(learner.policy_model(), tok.clone(), false, 1, sampling, step, Default::default());
+        let ts = runner.run(&mut policy, &[step, step + 10, step + 20, step + 30]).unwrap();
+        let batch: Vec<&Trajectory> = ts.iter().collect();
+        kls.push(learner.update(&batch, &tok).unwrap().kl_to_reference);
+    }
+    // The first update compares the reference with itself.
+    assert!(kls[0].abs() < 1e-6, "{kls:?}");
+    assert!(kls[3] > 1e-5, "the policy moved, so the KL must be positive: {kls:?}");
 }

@@ -51,6 +51,13 @@ impl Default for PromptTemplates {
     }
 }
 
+impl PromptTemplates {
+    /// Every template's text, for a tokenizer to learn the words from.
+    pub fn texts(&self) -> [&str; 7] {
+        [&self.system, &self.intro, &self.legend, &self.turn, &self.reward, &self.format_think, &self.format_answer]
+    }
+}
+
 /// Replace each `{name}` in `template` with its value.
 fn fill(template: &str, values: &[(&str, &str)]) -> String {
     let mut out = template.to_string();

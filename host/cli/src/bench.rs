@@ -214,3 +214,53 @@ impl Report {
         s
     }
 }
+
+/// `bench --policy`: the policy a training config builds for this plugin,
+/// on the first prompts of seeds 123 onwards, on backend `B`.
+pub fn policy<B: burn::tensor::backend::AutodiffBackend>(
+    file: &Path,
+    config: Option<&Path>,
+    batch: usize,
+    seconds: f64,
+    device: B::Device,
+) -> Result<ragen_policy::PolicyBenchReport> {
+    use ragen_agent::{Context as Ctx, Message, PromptBuilder, Role};
+    let config = config.map(ragen_learner::TrainConfig::load).transpose()?.unwrap_or_default();
+    let plugin = Plugin::from_file(file)?;
+    let settings = config.agent.env_settings(&[]);
+    let mut inst = plugin.instantiate()?;
+    let env = inst.create(&settings)?.map_err(|e| anyhow!("the plugin rejected the settings: {}", e.message))?;
+    let spec = inst.spec(env)?;
+    let rollout = &config.agent.rollout;
+    let limits = rollout.limits(&spec);
+    let prompts = PromptBuilder::new(config.agent.prompt.clone(), &spec, rollout.enable_think, limits.max_actions_per_turn);
+    let (learner, tokenizer) = ragen_learner::build_learner::<B>(&config, &spec, device.clone())?;
+    let sampling = ragen_policy::SamplingConfig { temperature: 1.0, think_budget: config.sampling.think_budget };
+    let policy = ragen_policy::BurnPolicy::new(
+        learner.policy_model(),
+        tokenizer,
+        rollout.enable_think,
+        limits.max_actions_per_turn,
+        sampling,
+        0,
+        device.clone(),
+    );
+    // One first turn per seed: rows share the system prompt and the
+    // instructions and differ in the state, as a training batch's groups do.
+    let system = prompts.system();
+    let mut rows = Vec::with_capacity(batch);
+    for seed in (0..batch as u64).map(|i| ragen_agent::EVAL_SEED_START + i) {
+        let observation = inst.reset(env, seed)?.map_err(|e| anyhow!("reset failed: {}", e.message))?;
+        let user = prompts.first_user(&observation, limits.max_actions_per_traj);
+        let context = Ctx {
+            messages: vec![Message { role: Role::System, text: &system }, Message { role: Role::User, text: &user }],
+            prefill: prompts.prefill(),
+            observation: &observation,
+            actions: &spec.actions,
+            max_actions: limits.max_actions_per_turn,
+        };
+        rows.push(policy.prompt_tokens(&context));
+    }
+    let bench = ragen_policy::PolicyBenchConfig { prompts: rows, min_time: Duration::from_secs_f64(seconds / 4.0) };
+    Ok(ragen_policy::bench_policy(learner.model(), policy.grammar(), &bench, &device))
+}

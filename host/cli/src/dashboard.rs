@@ -41,13 +41,7 @@ fn tick(y: f64, span: f64) -> String {
 /// before and after the filter, entropy, gradient norm, clip fraction and
 /// approx KL.
 pub fn write(path: &Path, history: &[StepMetrics]) -> Result<()> {
-    font()?;
-    let root = BitMapBackend::new(path, (1500, 900)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
-    let panels = root.split_evenly((2, 3));
-    let xy = |f: &dyn Fn(&StepMetrics) -> Option<f64>| -> Vec<(f64, f64)> {
-        history.iter().filter_map(|m| f(m).map(|y| (m.step as f64, y))).collect()
-    };
+    let xy = |f: &dyn Fn(&StepMetrics) -> Option<f64>| points(history, f);
     let charts: Vec<(&str, Vec<Series>)> = vec![
         ("success", vec![("train", BLUE, xy(&|m| Some(m.success))), ("validation", RED, xy(&|m| m.val_success))]),
         ("reward (mean)", vec![("reward", BLUE, xy(&|m| Some(m.return_mean)))]),
@@ -65,7 +59,43 @@ pub fn write(path: &Path, history: &[StepMetrics]) -> Result<()> {
             vec![("clip fraction", BLUE, xy(&|m| Some(m.clip_fraction as f64))), ("approx KL", RED, xy(&|m| Some(m.approx_kl as f64)))],
         ),
     ];
-    let last_step = history.last().map_or(1.0, |m| m.step as f64).max(1.0);
+    draw(path, charts)
+}
+
+/// Several runs side by side (e.g. StarPO and StarPO-S on one env and
+/// seed): one line per run in each of six panels.
+pub fn compare(path: &Path, runs: &[(String, Vec<StepMetrics>)]) -> Result<()> {
+    const COLORS: [RGBColor; 6] = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+    type Signal = (&'static str, fn(&StepMetrics) -> Option<f64>);
+    let signals: [Signal; 6] = [
+        ("success (train rollouts)", |m| Some(m.success)),
+        ("validation success", |m| m.val_success),
+        ("in-group reward std (before filter)", |m| Some(m.reward_std_before_filter)),
+        ("entropy", |m| Some(m.entropy as f64)),
+        ("gradient norm", |m| Some(m.grad_norm as f64)),
+        ("reward (mean)", |m| Some(m.return_mean)),
+    ];
+    let charts = signals
+        .iter()
+        .map(|(title, f)| {
+            let series = runs.iter().zip(COLORS.iter().cycle()).map(|((name, h), &c)| (name.as_str(), c, points(h, f))).collect();
+            (*title, series)
+        })
+        .collect();
+    draw(path, charts)
+}
+
+fn points(history: &[StepMetrics], f: &dyn Fn(&StepMetrics) -> Option<f64>) -> Vec<(f64, f64)> {
+    history.iter().filter_map(|m| f(m).map(|y| (m.step as f64, y))).collect()
+}
+
+/// Six line charts on a 2 x 3 grid.
+fn draw(path: &Path, charts: Vec<(&str, Vec<Series>)>) -> Result<()> {
+    font()?;
+    let root = BitMapBackend::new(path, (1500, 900)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    let panels = root.split_evenly((2, 3));
+    let last_step = charts.iter().flat_map(|c| c.1.iter().flat_map(|s| s.2.iter().map(|p| p.0))).fold(1.0f64, f64::max);
     for (area, (title, series)) in panels.iter().zip(charts) {
         let ys: Vec<f64> = series.iter().flat_map(|s| s.2.iter().map(|p| p.1)).filter(|y| y.is_finite()).collect();
         let (lo, hi) = ys.iter().fold((f64::MAX, f64::MIN), |(a, b), &y| (a.min(y), b.max(y)));

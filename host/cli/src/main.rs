@@ -1,5 +1,6 @@
 //! `ragen-host`: the ragen-rs command line.
 
+mod backend;
 mod bench;
 mod dashboard;
 mod eval;
@@ -123,6 +124,22 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Measure the policy instead of the plugin: training tokens/s
+        /// (forward + backward) and sampling tokens/s with and without the
+        /// KV cache and batching, for the model and first prompt that
+        /// `--config` (a training config) gives on this plugin.
+        #[arg(long)]
+        policy: bool,
+        /// With --policy: the training config (default: the default config).
+        #[arg(long, requires = "policy")]
+        config: Option<PathBuf>,
+        /// With --policy: sequences per pass.
+        #[arg(long, default_value_t = 32, requires = "policy")]
+        batch: usize,
+        /// With --policy: the tensor backend (`flex`, or `wgpu`/`cuda` when
+        /// built with those cargo features).
+        #[arg(long, value_enum, default_value = "flex")]
+        backend: backend::BackendChoice,
         #[command(flatten)]
         settings: Settings,
     },
@@ -149,9 +166,10 @@ enum Command {
         /// The run directory.
         #[arg(long, default_value = "runs/latest")]
         out: PathBuf,
-        /// The tensor backend; `flex` (CPU) is the one in this build.
-        #[arg(long, default_value = "flex")]
-        backend: String,
+        /// The tensor backend: `flex` (CPU, always built), `wgpu` or `cuda`
+        /// (cargo features of ragen-host).
+        #[arg(long, value_enum, default_value = "flex")]
+        backend: backend::BackendChoice,
         /// Continue the run in this directory from its checkpoint.
         #[arg(long, value_name = "DIR")]
         resume: Option<PathBuf>,
@@ -160,6 +178,18 @@ enum Command {
         algo: Option<ragen_learner::Algo>,
         #[command(flatten)]
         settings: Settings,
+    },
+    /// Draw several training runs side by side in one PNG (success,
+    /// validation success, in-group reward std, entropy, gradient norm,
+    /// reward), e.g. StarPO against StarPO-S on the same env and seed:
+    /// `ragen-host compare runs/starpo runs/starpo-s --out compare.png`.
+    Compare {
+        /// Run directories (each with metrics.jsonl).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// The PNG to write.
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Play a policy on fixed seeds (default: 256 seeds from 123, one
     /// episode each, as the reference evaluates) and report success, return,
@@ -243,7 +273,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let stdin = std::io::stdin();
             play::play(&file, seed, &settings.parse()?, &mut stdin.lock(), &mut std::io::stdout())?;
         }
-        Command::Bench { file, envs, threads, seconds, envs_per_instance, json, settings } => {
+        Command::Bench { file, policy: true, config, batch, seconds, json, backend, .. } => {
+            if batch == 0 || !(seconds > 0.0) {
+                bail!("--batch and --seconds must be positive");
+            }
+            let report = backend::with_backend!(backend, B, device => bench::policy::<B>(&file, config.as_deref(), batch, seconds, device)?);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
+            } else {
+                print!("{}", report.to_text());
+            }
+        }
+        Command::Bench { file, envs, threads, seconds, envs_per_instance, json, settings, .. } => {
             if envs == 0 || !(seconds > 0.0) {
                 bail!("--envs and --seconds must be positive");
             }
@@ -255,6 +296,26 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 print!("{}", report.to_text());
             }
+        }
+        Command::Compare { runs, out } => {
+            let mut loaded = Vec::with_capacity(runs.len());
+            for dir in &runs {
+                let metrics = std::fs::read_to_string(dir.join("metrics.jsonl"))
+                    .with_context(|| format!("`{}` is not a run directory: it has no metrics.jsonl", dir.display()))?;
+                let history: Vec<ragen_learner::StepMetrics> = metrics
+                    .lines()
+                    .enumerate()
+                    .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}/metrics.jsonl line {} is damaged", dir.display(), i + 1)))
+                    .collect::<Result<_>>()?;
+                let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+                let label = match ragen_learner::TrainConfig::load(&dir.join("config.toml")) {
+                    Ok(c) => format!("{name} ({})", serde_json::to_value(c.algo).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()),
+                    Err(_) => name,
+                };
+                loaded.push((label, history));
+            }
+            dashboard::compare(&out, &loaded)?;
+            eprintln!("wrote {}", out.display());
         }
         Command::Train { env, config, steps, seed, out, backend, resume, algo, settings } => {
             train::run(train::Options { env, config, steps, seed, out, backend, resume, algo, settings: settings.parse()? })?;

@@ -3,7 +3,6 @@
 //! directory.
 
 use anyhow::{Context, Result, bail};
-use burn::backend::{Autodiff, Flex};
 use indicatif::{ProgressBar, ProgressStyle};
 use ragen_learner::{Algo, TrainConfig, train};
 use ragen_runtime::Plugin;
@@ -17,18 +16,15 @@ pub struct Options {
     pub steps: Option<u64>,
     pub seed: Option<u64>,
     pub out: PathBuf,
-    pub backend: String,
+    pub backend: crate::backend::BackendChoice,
     pub resume: Option<PathBuf>,
     pub algo: Option<Algo>,
     pub settings: Vec<(String, String)>,
 }
 
 pub fn run(opts: Options) -> Result<()> {
-    if opts.backend != "flex" {
-        bail!(
-            "backend `{}` is not in this build yet: only `flex` (CPU) is; the wgpu and cuda backends are still to come",
-            opts.backend
-        );
+    if !opts.backend.built() {
+        return Err(opts.backend.missing());
     }
     let (mut config, out, resume) = match &opts.resume {
         Some(dir) => (TrainConfig::load(&dir.join("config.toml")).context("--resume needs a run directory")?, dir.clone(), true),
@@ -76,7 +72,7 @@ pub fn run(opts: Options) -> Result<()> {
         .map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
         .unwrap_or_default();
     let mut dashboard_warned = false;
-    let history = train::<Autodiff<Flex>>(plugin, &config, &out, resume, Default::default(), &stop, |m| {
+    let on_step = |m: &ragen_learner::StepMetrics| {
         seen.retain(|old| old.step < m.step);
         seen.push(m.clone());
         // Redraw on validation steps (and the last): cheap next to a step.
@@ -103,7 +99,8 @@ pub fn run(opts: Options) -> Result<()> {
         if let Some(skipped) = &m.skipped {
             bar.println(format!("warning at step {}: update skipped: {skipped}", m.step));
         }
-    })?;
+    };
+    let history = crate::backend::with_backend!(opts.backend, B, device => train::<B>(plugin, &config, &out, resume, device, &stop, on_step)?);
     bar.finish();
     let last_val = history.iter().rev().find_map(|m| m.val_success);
     eprintln!(

@@ -24,3 +24,23 @@ fn bench_reports_sandboxed_native_and_ratio() {
     assert_eq!(v["failures"], 0);
     assert_eq!(v["instances"], 2);
 }
+
+#[test]
+fn bench_policy_reports_training_and_sampling_speed() {
+    let out = ragen_host(&["bench", "--policy", plugin("bandit").to_str().unwrap(), "--batch", "4", "--seconds", "0.4", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["train_tokens_per_s", "sample_tokens_per_s_cached", "sample_tokens_per_s_uncached", "sample_tokens_per_s_unbatched"] {
+        assert!(v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    // The default prompt is the reference's: hundreds of bytes, far fewer
+    // tokens once the tokenizer has the prompt's words.
+    let tokens = v["prompt_tokens"].as_u64().unwrap();
+    assert!((50..400).contains(&tokens), "{v}");
+    assert_eq!(v["batch"], 4);
+
+    let out = ragen_host(&["bench", "--policy", plugin("bandit").to_str().unwrap(), "--backend", "cuda"]);
+    if !cfg!(feature = "cuda") {
+        assert!(!out.status.success() && text(&out).contains("--features cuda"), "{}", text(&out));
+    }
+}

@@ -40,7 +40,9 @@ fn a_run_leaves_metrics_and_a_checkpoint_and_resumes_exactly() {
     let _ = std::fs::remove_dir_all(&a);
     let _ = std::fs::remove_dir_all(&b);
 
-    let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--out", a.to_str().unwrap()]);
+    // Vanilla StarPO, so the checkpoint must also carry the KL's frozen
+    // reference model for the resumed run to match.
+    let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--algo", "starpo", "--out", a.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
     let metrics_a = std::fs::read_to_string(a.join("metrics.jsonl")).unwrap();
     assert_eq!(metrics_a.lines().count(), 6);
@@ -54,17 +56,32 @@ fn a_run_leaves_metrics_and_a_checkpoint_and_resumes_exactly() {
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "dashboard.png is a real picture");
 
     // Three steps, then resume to six: the same metrics as one straight run.
-    let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--steps", "3", "--out", b.to_str().unwrap()]);
+    let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--algo", "starpo", "--steps", "3", "--out", b.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
     let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--resume", b.to_str().unwrap(), "--steps", "6"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(std::fs::read_to_string(b.join("metrics.jsonl")).unwrap(), metrics_a, "a resumed run continues exactly");
+    assert!(b.join("checkpoint/reference.bin").exists(), "the KL's reference is saved");
+    assert_eq!(without_timings(&std::fs::read_to_string(b.join("metrics.jsonl")).unwrap()), without_timings(&metrics_a), "a resumed run continues exactly");
+    assert!(metrics_a.lines().skip(1).any(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["kl_to_reference"].as_f64().unwrap() > 0.0));
 
     let out = ragen_host(&["eval", "--env", bandit.to_str().unwrap(), "--checkpoint", a.to_str().unwrap(), "--episodes", "32", "--json"]);
     assert!(out.status.success(), "{}", text(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["policy"], "burn-transformer");
     assert!(v["success_rate"].as_f64().unwrap() >= 0.0);
+}
+
+/// Every metric of every line but the wall-clock timings.
+fn without_timings(metrics: &str) -> Vec<serde_json::Value> {
+    metrics
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let m = v.as_object_mut().unwrap();
+            assert!(m.remove("rollout_seconds").is_some() && m.remove("update_seconds").is_some());
+            v
+        })
+        .collect()
 }
 
 #[test]
@@ -77,4 +94,29 @@ fn train_explains_bad_input() {
     assert!(text(&out).contains("--resume needs a run directory"), "{}", text(&out));
     let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--algo", "ppo2"]);
     assert!(text(&out).contains("use starpo-s, starpo or grpo"), "{}", text(&out));
+}
+
+#[test]
+fn compare_draws_runs_side_by_side_and_names_a_bad_directory() {
+    let dir = scratch("compare");
+    let config = dir.join("small.toml");
+    std::fs::write(&config, SMALL.replace("steps = 6", "steps = 2")).unwrap();
+    let bandit = plugin("bandit");
+    let mut runs = vec![];
+    for algo in ["starpo", "starpo-s"] {
+        let run = dir.join(algo);
+        let _ = std::fs::remove_dir_all(&run);
+        let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--algo", algo, "--out", run.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", text(&out));
+        runs.push(run.to_str().unwrap().to_string());
+    }
+    let png = dir.join("compare.png");
+    let _ = std::fs::remove_file(&png);
+    let out = ragen_host(&["compare", &runs[0], &runs[1], "--out", png.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000);
+
+    let out = ragen_host(&["compare", dir.to_str().unwrap(), "--out", png.to_str().unwrap()]);
+    assert!(!out.status.success() && text(&out).contains("no metrics.jsonl"), "{}", text(&out));
 }

@@ -170,12 +170,10 @@ impl TrainConfig {
         if !(rollout_filter_ratio > 0.0 && rollout_filter_ratio <= 1.0) {
             anyhow::bail!("ppo.rollout_filter_ratio {rollout_filter_ratio}: use a share in (0, 1]");
         }
-        if kl_coef != 0.0 {
-            anyhow::bail!(
-                "ppo.kl_coef {kl_coef}: the KL penalty to a reference policy is not implemented yet; set kl_coef = 0 \
-                 (StarPO-S's setting) or use algo = \"starpo-s\"/\"grpo\""
-            );
+        if !(kl_coef >= 0.0 && kl_coef.is_finite()) {
+            anyhow::bail!("ppo.kl_coef {kl_coef}: use 0 (StarPO-S: no reference model) or a small positive weight such as 0.001");
         }
+        u.kl_coef = kl_coef;
         Ok(Resolved { update: u, kl_coef, rollout_filter_ratio })
     }
 }
@@ -195,6 +193,16 @@ mod tests {
         let bad: TrainConfig = toml::from_str("[ppo]\nadv_estimator = \"vtrace\"\n").unwrap();
         assert!(bad.resolve().unwrap_err().to_string().contains("adv_estimator"));
         assert!(toml::from_str::<TrainConfig>("stepz = 3").unwrap_err().to_string().contains("stepz"));
+    }
+
+    #[test]
+    fn vanilla_starpo_keeps_a_kl_term_and_a_bad_weight_is_named() {
+        let v: TrainConfig = toml::from_str("algo = \"starpo\"\n").unwrap();
+        let v = v.resolve().unwrap();
+        assert_eq!((v.update.kl_coef, v.update.clip.high, v.rollout_filter_ratio), (0.001, 0.2, 1.0));
+        assert_eq!(TrainConfig::default().resolve().unwrap().update.kl_coef, 0.0);
+        let bad: TrainConfig = toml::from_str("[ppo]\nkl_coef = -1.0\n").unwrap();
+        assert!(bad.resolve().unwrap_err().to_string().contains("kl_coef"));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! ragen-learner: StarPO and StarPO-S, one place per equation.
 //!
-//! Done so far (issue 5 is in progress): the advantage estimators
-//! ([`gae`], [`grpo`]), StarPO-S's variance filter ([`RolloutFilter`]), and
-//! the loss terms ([`loss`]: the decoupled-clip PPO surrogate, the clipped
-//! value loss, the k3 KL to a reference, masked entropy) and one update
-//! ([`Learner::update`]). The training loop, the presets and `train` build
-//! on these.
+//! * [`gae`] and [`grpo`]: the advantage estimators;
+//! * [`RolloutFilter`]: StarPO-S's variance filter;
+//! * [`loss`]: the decoupled-clip PPO surrogate, the clipped value loss, the
+//!   k3 KL to the frozen reference, masked entropy;
+//! * [`Learner::update`]: one update, top to bottom;
+//! * [`config`]: the presets (`starpo-s`, `starpo`, `grpo`) and overrides;
+//! * [`train`]: the run loop (rollouts, filter, update, validation, metrics,
+//!   checkpoints, resume).
 
 mod advantages;
 pub mod config;
@@ -17,5 +19,5 @@ mod update;
 pub use advantages::{gae, grpo};
 pub use filter::RolloutFilter;
 pub use config::{Algo, TrainConfig};
-pub use run::{StepMetrics, load_policy, train};
+pub use run::{StepMetrics, build_learner, load_policy, train};
 pub use update::{Estimator, Learner, UpdateConfig, UpdateStats};

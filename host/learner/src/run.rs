@@ -37,12 +37,21 @@ pub struct StepMetrics {
     pub value_loss: f32,
     pub clip_fraction: f32,
     pub approx_kl: f32,
+    /// KL to the frozen initial policy (0 unless `kl_coef` is set).
+    #[serde(default)]
+    pub kl_to_reference: f32,
     pub response_tokens: f64,
     pub valid_action_ratio: f64,
     pub effective_action_ratio: f64,
     /// Validation success (256 fixed seeds from 123 by default), on test steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_success: Option<f64>,
+    /// Wall-clock seconds of this step's rollouts and update (not part of
+    /// what a resumed run must reproduce).
+    #[serde(default)]
+    pub rollout_seconds: f64,
+    #[serde(default)]
+    pub update_seconds: f64,
     /// Set when the update was skipped (e.g. a non-finite gradient).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
@@ -166,7 +175,9 @@ pub fn train<B: AutodiffBackend>(
         let seed = next_seed(config.seed ^ (step << 32));
         let mut policy = BurnPolicy::new(learner.policy_model(), tokenizer.clone(), think, limits.max_actions_per_turn, sampling, seed, device.clone());
         let groups = group_seeds(config.seed, step, config.agent.rollout.env_groups);
+        let clock = std::time::Instant::now();
         let ts = runner.run(&mut policy, &groups)?;
+        let rollout_seconds = clock.elapsed().as_secs_f64();
         let before = summarize(&ts);
 
         let group_rewards: Vec<Vec<f32>> =
@@ -176,7 +187,10 @@ pub fn train<B: AutodiffBackend>(
         let std_after = kept.iter().map(|&g| std(&group_rewards[g]) as f64).sum::<f64>() / kept.len().max(1) as f64;
         let std_before = group_rewards.iter().map(|r| std(r) as f64).sum::<f64>() / group_rewards.len().max(1) as f64;
 
-        let (stats, skipped) = match learner.update(&batch, &tokenizer) {
+        let clock = std::time::Instant::now();
+        let update = learner.update(&batch, &tokenizer);
+        let update_seconds = clock.elapsed().as_secs_f64();
+        let (stats, skipped) = match update {
             Ok(s) => {
                 skipped_in_a_row = 0;
                 (s, None)
@@ -211,10 +225,13 @@ pub fn train<B: AutodiffBackend>(
             value_loss: stats.value_loss,
             clip_fraction: stats.clip_fraction,
             approx_kl: stats.approx_kl,
+            kl_to_reference: stats.kl_to_reference,
             response_tokens: before.response_tokens_mean,
             valid_action_ratio: before.valid_action_ratio,
             effective_action_ratio: before.effective_action_ratio,
             val_success,
+            rollout_seconds,
+            update_seconds,
             skipped,
             collapse_alarm: None,
         };
@@ -264,13 +281,13 @@ fn save_checkpoint<B: AutodiffBackend>(learner: &Learner<B>, dir: &RunDir, step:
 
 /// The tokenizer, grammar, model and learner a config describes for an env
 /// (freshly initialised; training and evaluation share this).
-fn build_learner<B: AutodiffBackend>(
+pub fn build_learner<B: AutodiffBackend>(
     config: &TrainConfig,
     spec: &ragen_runtime::EnvSpec,
     device: B::Device,
 ) -> Result<(Learner<B>, PluginTokenizer)> {
     let resolved = config.resolve()?;
-    let tokenizer = PluginTokenizer::new(spec);
+    let tokenizer = PluginTokenizer::with_text(spec, &config.agent.prompt.texts());
     let limits = config.agent.rollout.limits(spec);
     let grammar = AnswerGrammar::new(&tokenizer, config.agent.rollout.enable_think, config.sampling.think_budget, limits.max_actions_per_turn);
     let m = &config.model;

@@ -13,7 +13,7 @@
 //! 5. global gradient norm, clipped to `max_grad_norm`; AdamW step.
 
 use crate::advantages::{gae, grpo};
-use crate::loss::{Clip, masked_log_softmax, masked_mean, policy_loss, value_loss};
+use crate::loss::{Clip, kl_to_reference, masked_log_softmax, masked_mean, policy_loss, value_loss};
 use anyhow::{Context, Result, bail};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -41,6 +41,9 @@ pub struct UpdateConfig {
     pub estimator: Estimator,
     pub clip: Clip,
     pub entropy_coef: f64,
+    /// Weight of the KL to the frozen initial policy (vanilla StarPO 0.001,
+    /// StarPO-S 0: no reference model is kept then).
+    pub kl_coef: f64,
     /// Weight of the value loss in the shared-trunk objective.
     pub value_coef: f64,
     pub value_clip: f64,
@@ -60,6 +63,7 @@ impl Default for UpdateConfig {
             estimator: Estimator::Gae,
             clip: Clip { low: 0.2, high: 0.28 },
             entropy_coef: 0.001,
+            kl_coef: 0.0,
             value_coef: 0.5,
             value_clip: 0.5,
             gamma: 1.0,
@@ -80,14 +84,34 @@ pub struct UpdateStats {
     pub entropy: f32,
     pub clip_fraction: f32,
     pub approx_kl: f32,
+    /// KL(policy ‖ frozen reference), k3 estimate; 0 when `kl_coef` is 0.
+    pub kl_to_reference: f32,
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
     pub agent_tokens: usize,
 }
 
+/// Attention scores one update chunk may hold (`b · h · t²` floats): 4 Mi, 16 MiB, so that the
+/// score tensors stay in cache on a CPU.
+const UPDATE_SCORES: usize = 4 << 20;
+
+/// One trajectory laid out for the update.
+struct Row<'a> {
+    trajectory: &'a Trajectory,
+    tokens: Vec<u32>,
+    /// Positions of the agent's tokens.
+    agent: Vec<usize>,
+    /// The grammar's mask at each agent token, `[agent.len() · vocab]`.
+    allowed: Vec<bool>,
+    old_logp: Vec<f32>,
+}
+
 /// The model being trained, its optimiser and the grammar its replies obey.
 pub struct Learner<B: AutodiffBackend> {
     model: Option<PolicyModel<B>>,
+    /// The frozen initial policy the KL term pulls towards (only kept when
+    /// `kl_coef` is not 0).
+    reference: Option<PolicyModel<B::InnerBackend>>,
     optimizer: OptimizerAdaptor<AdamW, PolicyModel<B>, B>,
     grammar: AnswerGrammar,
     config: UpdateConfig,
@@ -97,7 +121,8 @@ pub struct Learner<B: AutodiffBackend> {
 impl<B: AutodiffBackend> Learner<B> {
     pub fn new(model: PolicyModel<B>, grammar: AnswerGrammar, config: UpdateConfig, device: B::Device) -> Self {
         let optimizer = AdamWConfig::new().with_weight_decay(config.weight_decay).init();
-        Self { model: Some(model), optimizer, grammar, config, device }
+        let reference = (config.kl_coef != 0.0).then(|| model.valid());
+        Self { model: Some(model), reference, optimizer, grammar, config, device }
     }
 
     /// The model without gradient tracking, for sampling.
@@ -114,6 +139,9 @@ impl<B: AutodiffBackend> Learner<B> {
         let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
         self.model().clone().save_file(dir.join("model"), &recorder).context("cannot write the model")?;
         recorder.record(self.optimizer.to_record(), dir.join("optimizer")).context("cannot write the optimizer state")?;
+        if let Some(reference) = &self.reference {
+            reference.clone().save_file(dir.join("reference"), &recorder).context("cannot write the reference model")?;
+        }
         Ok(())
     }
 
@@ -131,6 +159,13 @@ impl<B: AutodiffBackend> Learner<B> {
             .load(dir.join("optimizer"), &self.device)
             .with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
         self.optimizer = self.optimizer.clone().load_record(record);
+        if let Some(reference) = self.reference.take() {
+            let device = self.device.clone();
+            self.reference = Some(match reference.load_file(dir.join("reference"), &recorder, &device) {
+                Ok(r) => r,
+                Err(e) => bail!("cannot read the reference model from `{}`: {e}", dir.display()),
+            });
+        }
         Ok(())
     }
 
@@ -140,17 +175,16 @@ impl<B: AutodiffBackend> Learner<B> {
         let model = self.model.take().expect("model present");
         let vocab = tokenizer.vocab_size();
 
-        // 1-2. One forward per trajectory; gather the agent tokens' rows.
-        let (mut logps, mut old_logps, mut values, mut entropies) = (vec![], vec![], vec![], vec![]);
+        // 1. Lay out each trajectory: its tokens, where the agent's are, the
+        //    grammar's mask at each of them, and their sampling log-probs.
+        let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
         let mut values_seen: Vec<Vec<f32>> = vec![];
         for t in batch {
             let view = t.token_view(tokenizer);
             let agent: Vec<usize> = (0..view.tokens.len()).filter(|&i| view.loss_mask[i] == 1).collect();
             if agent.is_empty() {
-                values_seen.push(vec![]);
                 continue;
             }
-            // Grammar states of every reply, turn by turn, for the masks.
             let mut allowed = Vec::with_capacity(agent.len() * vocab);
             for (k, &start) in view.turn_starts.iter().enumerate() {
                 let end = view.turn_starts.get(k + 1).map_or(view.tokens.len(), |&n| n);
@@ -160,31 +194,72 @@ impl<B: AutodiffBackend> Learner<B> {
                     allowed.extend_from_slice(self.grammar.allowed(s));
                 }
             }
-            let n = agent.len();
-            let l = view.tokens.len();
-            let ids: Vec<i64> = view.tokens.iter().map(|&x| x as i64).collect();
-            let (logits, vals) = model.forward(Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, l]), &self.device));
-            // Token i is predicted at position i − 1.
-            let rows: Vec<i64> = agent.iter().map(|&i| i as i64 - 1).collect();
-            let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &self.device);
-            let logits = logits.reshape([l, vocab]).select(0, rows.clone()); // [n, v]
-            let value = vals.reshape([l]).select(0, rows); // [n]
-            let allowed = Tensor::<B, 2, Bool>::from_data(TensorData::new(allowed, [n, vocab]), &self.device);
-            let logp_all = masked_log_softmax(logits, allowed, cfg.temperature); // [n, v]
-            let taken: Vec<i64> = agent.iter().map(|&i| view.tokens[i] as i64).collect();
-            let taken = Tensor::<B, 2, Int>::from_data(TensorData::new(taken, [n, 1]), &self.device);
-            logps.push(logp_all.clone().gather(1, taken).reshape([n]));
-            entropies.push(crate::loss::entropy(logp_all));
-            old_logps.push(agent.iter().map(|&i| view.logprobs[i]).collect::<Vec<f32>>());
-            values_seen.push(value.clone().into_data().convert::<f32>().to_vec::<f32>().expect("f32 values"));
-            values.push(value);
+            let old_logp = agent.iter().map(|&i| view.logprobs[i]).collect();
+            rows.push(Row { trajectory: t, tokens: view.tokens, agent, allowed, old_logp });
         }
-        let kept: Vec<&&Trajectory> = batch.iter().zip(&values_seen).filter(|(_, v)| !v.is_empty()).map(|(t, _)| t).collect();
-        if kept.is_empty() {
+        if rows.is_empty() {
             self.model = Some(model);
             bail!("no agent tokens in the batch to learn from");
         }
-        let seen: Vec<&Vec<f32>> = values_seen.iter().filter(|v| !v.is_empty()).collect();
+
+        // 2. Forward passes over right-padded chunks (padding sits after each
+        //    row's last token, so the causal mask already hides it); read
+        //    off the agent tokens' log-probs, values and entropies, and the
+        //    frozen reference's log-probs when the KL term is on.
+        let (mut logps, mut values, mut entropies, mut ref_logps) = (vec![], vec![], vec![], vec![]);
+        let heads = model.n_heads();
+        let mut rest = &rows[..];
+        while !rest.is_empty() {
+            let mut c = 1;
+            while c < rest.len() {
+                let len = rest[..=c].iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+                if (c + 1) * heads * len * len > UPDATE_SCORES {
+                    break;
+                }
+                c += 1;
+            }
+            let (chunk, tail) = rest.split_at(c);
+            rest = tail;
+            let l = chunk.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+            let ids: Vec<i64> = chunk
+                .iter()
+                .flat_map(|r| r.tokens.iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, l - r.tokens.len())))
+                .collect();
+            // Token i of row r is predicted at flat position r·l + i − 1.
+            let picks: Vec<i64> =
+                chunk.iter().enumerate().flat_map(|(r, row)| row.agent.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
+            let n = picks.len();
+            let picks = Tensor::<B, 1, Int>::from_data(TensorData::new(picks, [n]), &self.device);
+            let allowed: Vec<bool> = chunk.iter().flat_map(|r| r.allowed.iter().copied()).collect();
+            let allowed = Tensor::<B, 2, Bool>::from_data(TensorData::new(allowed, [n, vocab]), &self.device);
+            let taken: Vec<i64> = chunk.iter().flat_map(|r| r.agent.iter().map(|&i| r.tokens[i] as i64)).collect();
+            let taken = Tensor::<B, 2, Int>::from_data(TensorData::new(taken, [n, 1]), &self.device);
+            let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), &self.device);
+
+            let (logits, vals) = model.forward(ids.clone()); // [c, l, v], [c, l]
+            let logits = logits.reshape([chunk.len() * l, vocab]).select(0, picks.clone()); // [n, v]
+            let logp_all = masked_log_softmax(logits, allowed.clone(), cfg.temperature); // [n, v]
+            logps.push(logp_all.clone().gather(1, taken.clone()).reshape([n]));
+            entropies.push(crate::loss::entropy(logp_all));
+            values.push(vals.reshape([chunk.len() * l]).select(0, picks.clone())); // [n]
+            if let Some(reference) = &self.reference {
+                let inner = |t: Tensor<B, 2, Int>| t.inner();
+                let (logits, _) = reference.forward(inner(ids));
+                let logits = logits.reshape([chunk.len() * l, vocab]).select(0, picks.inner());
+                let logp_all = masked_log_softmax(logits, allowed.inner(), cfg.temperature);
+                ref_logps.push(logp_all.gather(1, taken.inner()).reshape([n]));
+            }
+        }
+        let value_tensor = Tensor::cat(values, 0);
+        let flat_values = value_tensor.clone().into_data().convert::<f32>().to_vec::<f32>().expect("f32 values");
+        let mut at = 0;
+        for r in &rows {
+            values_seen.push(flat_values[at..at + r.agent.len()].to_vec());
+            at += r.agent.len();
+        }
+        let old_logps: Vec<Vec<f32>> = rows.iter().map(|r| r.old_logp.clone()).collect();
+        let kept: Vec<&Trajectory> = rows.iter().map(|r| r.trajectory).collect();
+        let seen: Vec<&Vec<f32>> = values_seen.iter().collect();
 
         // 3. Advantages and returns, then whitening over the batch.
         let mut advantages: Vec<f32> = vec![];
@@ -219,16 +294,23 @@ impl<B: AutodiffBackend> Learner<B> {
         let device = &self.device;
         let floats = |xs: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(xs, [n]), device);
         let logp = Tensor::cat(logps, 0);
-        let value = Tensor::cat(values, 0);
+        let logp_for_kl = logp.clone();
+        let value = value_tensor;
         let entropy = Tensor::cat(entropies, 0);
         let mask = Tensor::<B, 1>::ones([n], device);
         let old_values: Vec<f32> = seen.iter().flat_map(|v| v.iter().copied()).collect();
         let pg = policy_loss(logp, floats(old_logps.concat()), floats(advantages), mask.clone(), cfg.clip);
         let vl = value_loss(value, floats(old_values), floats(returns), mask.clone(), cfg.value_clip);
-        let ent = masked_mean(entropy, mask);
+        let ent = masked_mean(entropy, mask.clone());
+        let kl = if ref_logps.is_empty() {
+            Tensor::<B, 1>::zeros([1], device)
+        } else {
+            kl_to_reference(logp_for_kl, Tensor::from_inner(Tensor::cat(ref_logps, 0)), mask.clone())
+        };
         let loss = pg.loss.clone()
             + vl.clone() * if cfg.estimator == Estimator::Gae { cfg.value_coef } else { 0.0 }
-            - ent.clone() * cfg.entropy_coef;
+            - ent.clone() * cfg.entropy_coef
+            + kl.clone() * cfg.kl_coef;
 
         // 5. Gradients, global norm, clip, step.
         let grads = loss.backward();
@@ -249,6 +331,7 @@ impl<B: AutodiffBackend> Learner<B> {
             entropy: scalar(ent),
             clip_fraction: scalar(pg.clip_fraction),
             approx_kl: scalar(pg.approx_kl),
+            kl_to_reference: scalar(kl),
             grad_norm: norm as f32,
             agent_tokens: n,
         })

@@ -2,7 +2,7 @@
 
 use crate::grammar::AnswerGrammar;
 use crate::model::PolicyModel;
-use crate::sample::sample;
+use crate::sample::sample_batch;
 use crate::tokenizer::PluginTokenizer;
 use anyhow::Result;
 use burn::prelude::*;
@@ -30,9 +30,17 @@ pub struct BurnPolicy<B: Backend> {
     tokenizer: PluginTokenizer,
     grammar: AnswerGrammar,
     config: SamplingConfig,
-    rng: SeedRng,
+    seed: u64,
+    /// Replies drawn so far; reply `n` draws from stream `n` of `seed`.
+    drawn: u64,
     device: B::Device,
 }
+
+/// Attention scores one prefill may hold at once (`b · h · t²` floats):
+/// 64 Mi floats, 256 MiB. Longer prompts go in smaller batches.
+const PREFILL_SCORES: usize = 64 << 20;
+/// At most this many replies are sampled together.
+const MAX_BATCH: usize = 256;
 
 impl<B: Backend> BurnPolicy<B> {
     pub fn new(
@@ -45,7 +53,7 @@ impl<B: Backend> BurnPolicy<B> {
         device: B::Device,
     ) -> Self {
         let grammar = AnswerGrammar::new(&tokenizer, enable_think, config.think_budget, max_actions_per_turn);
-        Self { model, tokenizer, grammar, config, rng: SeedRng::new(seed), device }
+        Self { model, tokenizer, grammar, config, seed, drawn: 0, device }
     }
 
     pub fn grammar(&self) -> &AnswerGrammar {
@@ -85,13 +93,34 @@ impl<B: Backend> Policy for BurnPolicy<B> {
 
     fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {
         let budget = self.grammar.max_reply_tokens();
-        Ok(contexts
-            .iter()
-            .map(|c| {
-                let prompt = self.prompt_tokens(c);
-                let s = sample(&self.model, &prompt, &self.grammar, self.config.temperature, budget, &mut self.rng, &self.device);
-                Response { text: self.tokenizer.decode(&s.tokens), tokens: s.tokens, logprobs: s.logprobs }
-            })
-            .collect())
+        let prompts: Vec<Vec<u32>> = contexts.iter().map(|c| self.prompt_tokens(c)).collect();
+        let mut rngs: Vec<Option<SeedRng>> =
+            (0..contexts.len() as u64).map(|i| Some(SeedRng::stream(self.seed, self.drawn + i))).collect();
+        self.drawn += contexts.len() as u64;
+        // Similar lengths share a batch, so little of it is padding.
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        order.sort_by_key(|&i| prompts[i].len());
+        let mut replies: Vec<Option<Response>> = vec![None; prompts.len()];
+        let heads = self.model.n_heads();
+        let mut rest = &order[..];
+        while !rest.is_empty() {
+            let mut n = 1;
+            while n < rest.len().min(MAX_BATCH) {
+                let len = prompts[rest[n]].len() + budget;
+                if (n + 1) * heads * len * len > PREFILL_SCORES {
+                    break;
+                }
+                n += 1;
+            }
+            let (chunk, tail) = rest.split_at(n);
+            rest = tail;
+            let batch: Vec<&[u32]> = chunk.iter().map(|&i| prompts[i].as_slice()).collect();
+            let mut batch_rngs: Vec<SeedRng> = chunk.iter().map(|&i| rngs[i].take().expect("each row once")).collect();
+            let sampled = sample_batch(&self.model, &batch, &self.grammar, self.config.temperature, budget, &mut batch_rngs, &self.device);
+            for (&i, s) in chunk.iter().zip(sampled) {
+                replies[i] = Some(Response { text: self.tokenizer.decode(&s.tokens), tokens: s.tokens, logprobs: s.logprobs });
+            }
+        }
+        Ok(replies.into_iter().map(|r| r.expect("every context sampled")).collect())
     }
 }

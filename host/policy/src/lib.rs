@@ -16,13 +16,15 @@
 //! * [`BurnPolicy`] puts the model behind the agent loop's `Policy` seam.
 
 mod agent;
+mod bench;
 mod grammar;
 mod model;
 mod sample;
 mod tokenizer;
 
 pub use agent::{BurnPolicy, SamplingConfig};
+pub use bench::{PolicyBenchConfig, PolicyBenchReport, bench_policy};
 pub use grammar::{AnswerGrammar, GrammarState};
 pub use model::{KvCache, PolicyModel, PolicyModelConfig};
-pub use sample::{Sampled, masked_log_distribution, masked_logprobs, sample};
+pub use sample::{Sampled, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with};
 pub use tokenizer::PluginTokenizer;

@@ -14,7 +14,9 @@
 
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::activation::gelu;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
 
 #[derive(Config, Debug)]
 pub struct PolicyModelConfig {
@@ -85,16 +87,55 @@ pub struct Block<B: Backend> {
 
 /// Keys and values of the positions seen so far, per layer, so sampling
 /// feeds one new token per step instead of the whole sequence.
+///
+/// A batch of prompts of different lengths is padded so that every row ends
+/// at the same position and the rows grow together. Prompts that share a
+/// prefix (the system prompt, the instructions) have it computed once and
+/// copied to every row ([`KvCache::repeat`]), and each row's padding sits
+/// between that prefix and the rest of its prompt: `gaps[r] = (start, len)`.
+/// Padding is invisible: no other position attends to it, and positions
+/// are counted as if it were not there, so a padded row computes what it
+/// would alone.
 #[derive(Clone, Debug)]
 pub struct KvCache<B: Backend> {
     /// Per layer: keys and values `[b, h, p, k]`.
     layers: Vec<Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
     len: usize,
+    /// Padding per row, `(first position, count)`; empty means none.
+    gaps: Vec<(usize, usize)>,
 }
 
 impl<B: Backend> KvCache<B> {
     pub fn new(n_layers: usize) -> Self {
-        Self { layers: vec![None; n_layers], len: 0 }
+        Self { layers: vec![None; n_layers], len: 0, gaps: Vec::new() }
+    }
+
+    /// A cache for a left-padded batch: row `r` starts with `pad[r]` padding
+    /// tokens.
+    pub fn left_padded(n_layers: usize, pad: Vec<usize>) -> Self {
+        let mut cache = Self::new(n_layers);
+        cache.pad_at(0, pad);
+        cache
+    }
+
+    /// Positions `start..start + pad[r]` of row `r` are padding (the tokens
+    /// fed there are ignored). One gap per row.
+    pub fn pad_at(&mut self, start: usize, pad: Vec<usize>) {
+        assert!(self.gaps.is_empty(), "one gap per row");
+        if pad.iter().any(|&z| z > 0) {
+            self.gaps = pad.into_iter().map(|z| (start, z)).collect();
+        }
+    }
+
+    /// This cache (of one row) copied into `b` rows, for prompts that all
+    /// start with what it holds.
+    pub fn repeat(&self, b: usize) -> Self {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| l.as_ref().map(|(k, v)| (k.clone().repeat_dim(0, b), v.clone().repeat_dim(0, b))))
+            .collect();
+        Self { layers, len: self.len, gaps: Vec::new() }
     }
 
     /// Positions cached so far.
@@ -110,6 +151,10 @@ impl<B: Backend> KvCache<B> {
 impl<B: Backend> PolicyModel<B> {
     pub fn n_layers(&self) -> usize {
         self.blocks.len()
+    }
+
+    pub fn n_heads(&self) -> usize {
+        self.blocks.first().map_or(1, |b| b.n_heads)
     }
 
     pub fn max_seq_len(&self) -> usize {
@@ -135,12 +180,30 @@ impl<B: Backend> PolicyModel<B> {
             self.max_seq_len
         );
         let device = tokens.device();
-        // [b, t]
-        let positions = Tensor::<B, 1, Int>::arange(offset as i64..(offset + t) as i64, &device).reshape([1, t]).repeat_dim(0, b);
+        let p = offset + t;
+        let (positions, padding) = if cache.gaps.is_empty() {
+            // [b, t]
+            (Tensor::<B, 1, Int>::arange(offset as i64..p as i64, &device).reshape([1, t]).repeat_dim(0, b), None)
+        } else {
+            assert_eq!(cache.gaps.len(), b, "one gap per row");
+            let position = |(start, len): (usize, usize), i: usize| if i < start { i } else { i.saturating_sub(len).max(start) };
+            let positions: Vec<i64> = cache.gaps.iter().flat_map(|&g| (offset..p).map(move |i| position(g, i) as i64)).collect();
+            // Row r's padding is hidden, except from itself, so that no
+            // query is left with nothing to attend to.
+            let hidden: Vec<bool> = cache
+                .gaps
+                .iter()
+                .flat_map(|&(start, len)| (offset..p).flat_map(move |i| (0..p).map(move |j| j >= start && j < start + len && j != i)))
+                .collect();
+            (
+                Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [b, t]), &device),
+                Some(Tensor::<B, 4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, p]), &device)),
+            )
+        };
         // [b, t, d]
         let mut x = self.token_embedding.forward(tokens) + self.position_embedding.forward(positions);
         for (block, layer_cache) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = block.forward(x, layer_cache, offset);
+            x = block.forward(x, layer_cache, padding.clone());
         }
         cache.len += t;
         let x = self.norm.forward(x);
@@ -151,8 +214,10 @@ impl<B: Backend> PolicyModel<B> {
 }
 
 impl<B: Backend> Block<B> {
-    /// x `[b, t, d]` at positions `offset..offset + t`.
-    fn forward(&self, x: Tensor<B, 3>, cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>, offset: usize) -> Tensor<B, 3> {
+    /// x `[b, t, d]`, the next `t` positions after the cache's `p - t`;
+    /// `padding` `[b, 1, t, p]` is true where a query may not see a key
+    /// (besides the future, which is always hidden).
+    fn forward(&self, x: Tensor<B, 3>, cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>, padding: Option<Tensor<B, 4, Bool>>) -> Tensor<B, 3> {
         let [b, t, d] = x.dims();
         let (h, k) = (self.n_heads, d / self.n_heads);
         let qkv = self.qkv.forward(self.attn_norm.forward(x.clone())); // [b, t, 3d]
@@ -163,13 +228,13 @@ impl<B: Backend> Block<B> {
             None => (k_new, v_new),
         };
         *cache = Some((keys.clone(), values.clone()));
-        let p = offset + t;
-        let scores = q.matmul(keys.swap_dims(2, 3)) / (k as f64).sqrt(); // [b, h, t, p]
-        // New position i (absolute offset + i) may not see positions after it.
-        // `tril_mask` is true outside the lower triangle: exactly the future.
-        let future = Tensor::<B, 2, Bool>::tril_mask([t, p], offset as i64, &scores.device()).reshape([1, 1, t, p]).expand([b, h, t, p]);
-        let weights = softmax(scores.mask_fill(future, -1.0e9), 3); // [b, h, t, p]
-        let attended = weights.matmul(values).swap_dims(1, 2).reshape([b, t, d]); // [b, t, d]
+        let p = keys.dims()[2];
+        // Causal from the bottom-right corner: new position i (absolute
+        // p - t + i) sees keys up to itself. The backend's fused kernel
+        // (flash attention on flex) runs when there is no autodiff.
+        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
+        let attended = attention(q, keys, values, padding.map(|m| m.expand([b, h, t, p])), None, options); // [b, h, t, k]
+        let attended = attended.swap_dims(1, 2).reshape([b, t, d]); // [b, t, d]
         let x = x + self.proj.forward(attended);
         let mlp = self.down.forward(gelu(self.up.forward(self.mlp_norm.forward(x.clone()))));
         x + mlp

@@ -39,43 +39,130 @@ pub fn sample<B: Backend>(
     rng: &mut SeedRng,
     device: &B::Device,
 ) -> Sampled {
-    let mut cache = KvCache::new(model.n_layers());
-    let ids = |t: &[u32]| Tensor::<B, 2, Int>::from_data(TensorData::new(t.iter().map(|&x| x as i64).collect::<Vec<_>>(), [1, t.len()]), device);
-    let (logits, _) = model.forward_cached(ids(prompt), &mut cache);
-    let mut last = last_row(logits);
-    let mut state = grammar.start();
-    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
-    while tokens.len() < max_new_tokens && state != GrammarState::Done {
-        let dist = masked_log_distribution(&last, grammar.allowed(state), temperature);
-        // Inverse-CDF draw over the allowed tokens.
-        let mut u = rng.unit() as f32;
-        let mut pick = None;
-        for (i, &lp) in dist.iter().enumerate() {
-            if lp == f32::NEG_INFINITY {
-                continue;
-            }
-            pick = Some(i);
-            u -= lp.exp();
-            if u <= 0.0 {
-                break;
-            }
-        }
-        let token = pick.expect("the grammar always allows a token before it is done") as u32;
-        tokens.push(token);
-        logprobs.push(dist[token as usize]);
-        state = grammar.advance(state, token).expect("sampled tokens are allowed");
-        if state != GrammarState::Done && tokens.len() < max_new_tokens {
-            let (logits, _) = model.forward_cached(ids(&[token]), &mut cache);
-            last = last_row(logits);
-        }
-    }
-    Sampled { tokens, logprobs, complete: state == GrammarState::Done }
+    sample_batch(model, &[prompt], grammar, temperature, max_new_tokens, std::slice::from_mut(rng), device).pop().expect("one row")
 }
 
-/// The logits of the last position of a `[1, t, v]` tensor.
-fn last_row<B: Backend>(logits: Tensor<B, 3>) -> Vec<f32> {
-    let [_, t, v] = logits.dims();
-    logits.narrow(1, t - 1, 1).reshape([v]).into_data().to_vec::<f32>().expect("f32 logits")
+/// Sample one reply per prompt, all rows at once: the prompts are
+/// left-padded to a common length, run through the model in one pass, then
+/// every unfinished row gets one new token per step. Row `r` draws from
+/// `rngs[r]` only, so a reply does not depend on which other prompts shared
+/// its batch.
+pub fn sample_batch<B: Backend>(
+    model: &PolicyModel<B>,
+    prompts: &[&[u32]],
+    grammar: &AnswerGrammar,
+    temperature: f32,
+    max_new_tokens: usize,
+    rngs: &mut [SeedRng],
+    device: &B::Device,
+) -> Vec<Sampled> {
+    sample_batch_with(model, prompts, grammar, temperature, max_new_tokens, rngs, device, true)
+}
+
+/// [`sample_batch`], or with `use_cache` false, the same draws made by
+/// running the whole sequence through the model at every step (what the KV
+/// cache saves; the policy benchmark measures it).
+#[allow(clippy::too_many_arguments)]
+pub fn sample_batch_with<B: Backend>(
+    model: &PolicyModel<B>,
+    prompts: &[&[u32]],
+    grammar: &AnswerGrammar,
+    temperature: f32,
+    max_new_tokens: usize,
+    rngs: &mut [SeedRng],
+    device: &B::Device,
+    use_cache: bool,
+) -> Vec<Sampled> {
+    let b = prompts.len();
+    assert_eq!(rngs.len(), b, "one random stream per prompt");
+    assert!(prompts.iter().all(|p| !p.is_empty()), "every prompt has at least one token (the pre-fill)");
+    // The prefix every prompt shares (the system prompt, the instructions,
+    // a group's whole first turn) is computed once. Every row keeps at
+    // least one token of its own, whose logits start its reply.
+    let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(1);
+    let shared = (0..shortest - 1).take_while(|&i| prompts.iter().all(|p| p[i] == prompts[0][i])).count();
+    let rest: Vec<&[u32]> = prompts.iter().map(|p| &p[shared..]).collect();
+    let longest = rest.iter().map(|p| p.len()).max().unwrap_or(0);
+    let pad: Vec<usize> = rest.iter().map(|p| longest - p.len()).collect();
+    // Row by row: the shared prefix, padding, the row's own tokens (what
+    // the uncached path feeds whole at every step).
+    let mut ids: Vec<Vec<i64>> = rest
+        .iter()
+        .map(|p| prompts[0][..shared].iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, longest - p.len())).chain(p.iter().map(|&x| x as i64)).collect())
+        .collect();
+    let mut cache = KvCache::new(model.n_layers());
+    if shared > 0 {
+        let prefix: Vec<i64> = prompts[0][..shared].iter().map(|&x| x as i64).collect();
+        model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(prefix, [1, shared]), device), &mut cache);
+    }
+    let mut cache = cache.repeat(b);
+    cache.pad_at(shared, pad.clone());
+    let own: Vec<i64> = ids.iter().flat_map(|row| row[shared..].iter().copied()).collect();
+    let (logits, _) = model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(own, [b, longest]), device), &mut cache);
+    let mut last = last_rows(logits);
+
+    let mut states = vec![grammar.start(); b];
+    let mut out: Vec<Sampled> = (0..b).map(|_| Sampled { tokens: vec![], logprobs: vec![], complete: false }).collect();
+    for step in 0..max_new_tokens {
+        let mut fed = vec![0i64; b];
+        let mut running = false;
+        for r in 0..b {
+            if states[r] == GrammarState::Done {
+                continue;
+            }
+            let dist = masked_log_distribution(&last[r], grammar.allowed(states[r]), temperature);
+            let token = draw(&dist, &mut rngs[r]);
+            out[r].tokens.push(token);
+            out[r].logprobs.push(dist[token as usize]);
+            states[r] = grammar.advance(states[r], token).expect("sampled tokens are allowed");
+            fed[r] = token as i64;
+            running |= states[r] != GrammarState::Done;
+        }
+        if !running || step + 1 == max_new_tokens {
+            break;
+        }
+        // Finished rows ride along on a dummy token; their output is unused.
+        let logits = if use_cache {
+            model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(fed, [b, 1]), device), &mut cache).0
+        } else {
+            for (row, &token) in ids.iter_mut().zip(&fed) {
+                row.push(token);
+            }
+            let len = ids[0].len();
+            let mut whole = KvCache::new(model.n_layers());
+            whole.pad_at(shared, pad.clone());
+            model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(ids.concat(), [b, len]), device), &mut whole).0
+        };
+        last = last_rows(logits);
+    }
+    for (o, s) in out.iter_mut().zip(&states) {
+        o.complete = *s == GrammarState::Done;
+    }
+    out
+}
+
+/// Inverse-CDF draw over the allowed tokens of a log-distribution.
+fn draw(dist: &[f32], rng: &mut SeedRng) -> u32 {
+    let mut u = rng.unit() as f32;
+    let mut pick = None;
+    for (i, &lp) in dist.iter().enumerate() {
+        if lp == f32::NEG_INFINITY {
+            continue;
+        }
+        pick = Some(i);
+        u -= lp.exp();
+        if u <= 0.0 {
+            break;
+        }
+    }
+    pick.expect("the grammar always allows a token before it is done") as u32
+}
+
+/// The logits of every row's last position of a `[b, t, v]` tensor.
+fn last_rows<B: Backend>(logits: Tensor<B, 3>) -> Vec<Vec<f32>> {
+    let [b, t, v] = logits.dims();
+    let flat = logits.narrow(1, t - 1, 1).reshape([b * v]).into_data().to_vec::<f32>().expect("f32 logits");
+    flat.chunks(v).map(<[f32]>::to_vec).collect()
 }
 
 /// Recompute a reply's log-probabilities with one full forward pass over

@@ -4,7 +4,7 @@ use burn::backend::Flex;
 use burn::prelude::*;
 use ragen_agent::{ResponseParser, Tokenizer};
 use ragen_env_sdk::SeedRng;
-use ragen_policy::{AnswerGrammar, PluginTokenizer, PolicyModel, PolicyModelConfig, masked_logprobs, sample};
+use ragen_policy::{AnswerGrammar, PluginTokenizer, PolicyModel, PolicyModelConfig, masked_logprobs, sample, sample_batch, sample_batch_with};
 use ragen_runtime::{EnvSpec, LegendEntry, Limits};
 
 type B = Flex;
@@ -56,6 +56,44 @@ fn kv_cache_sampling_gives_the_log_probs_of_a_full_forward_pass() {
             let text = format!("{prefill}{}", tok.decode(&out.tokens));
             assert!(!parser.parse(&text).penalised, "{text:?}");
         }
+    }
+}
+
+#[test]
+fn a_padded_batch_samples_what_each_prompt_samples_alone() {
+    let s = spec();
+    let tok = PluginTokenizer::new(&s);
+    let m = model(&tok);
+    let device = Default::default();
+    let grammar = AnswerGrammar::new(&tok, true, 16, 5);
+    // Prompts of different lengths, first with nothing in common (padding
+    // on the left), then sharing a prefix (computed once, padding after it).
+    let unrelated = ["<|user|>\nState:\n#P_X_O#\n<|assistant|>\n<think>", "<think>", "<|user|>\nTurn 2:\n#_#\n<|assistant|>\n<think>"];
+    let shared = [
+        "<|system|>\nPush boxes.<|user|>\nState:\n#P_X_O#\n<|assistant|>\n<think>",
+        "<|system|>\nPush boxes.<|user|>\nState:\n#P_X_O#\n<|assistant|>\n<think>",
+        "<|system|>\nPush boxes.<|user|>\n#_#\n<|assistant|>\n<think>",
+        "<|system|>\nPush boxes.<|user|>\nState:\n#P_X_O#\n<|assistant|>\n<think>Up</think><answer>Up</answer><|user|>\n#_P#\n<|assistant|>\n<think>",
+    ];
+    for texts in [&unrelated[..], &shared[..]] {
+        let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t)).collect();
+        let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        let budget = grammar.max_reply_tokens();
+        let mut rngs: Vec<SeedRng> = (0..texts.len() as u64).map(|r| SeedRng::stream(9, r)).collect();
+        let batch = sample_batch(&m, &refs, &grammar, 1.0, budget, &mut rngs, &device);
+        let mut rngs: Vec<SeedRng> = (0..texts.len() as u64).map(|r| SeedRng::stream(9, r)).collect();
+        let uncached = sample_batch_with(&m, &refs, &grammar, 1.0, budget, &mut rngs, &device, false);
+        for (r, prompt) in prompts.iter().enumerate() {
+            let alone = sample(&m, prompt, &grammar, 1.0, budget, &mut SeedRng::stream(9, r as u64), &device);
+            assert_eq!(batch[r].tokens, alone.tokens, "row {r}: padding changed the reply");
+            assert_eq!(uncached[r].tokens, alone.tokens, "row {r}: the uncached path differs");
+            let full = masked_logprobs(&m, prompt, &batch[r].tokens, &grammar, 1.0, &device).unwrap();
+            for (i, (a, b)) in batch[r].logprobs.iter().zip(&full).enumerate() {
+                assert!((a - b).abs() < 1e-4, "row {r} token {i}: batched {a} vs full {b}");
+            }
+        }
+        // Rows 0 and 1 of `shared` have the same prompt but their own streams.
+        assert!(batch.iter().map(|s| &s.tokens).collect::<std::collections::HashSet<_>>().len() > 1);
     }
 }
 

@@ -1,0 +1,79 @@
+//! Which Burn backend the policy runs on. `flex` (CPU) is always built;
+//! `wgpu` (Vulkan, Metal, DX12; Mesa's lavapipe on a machine without a GPU)
+//! and `cuda` are cargo features of ragen-host, so a default build stays
+//! small and needs no GPU toolchain.
+
+use clap::ValueEnum;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    /// Burn's pure-Rust CPU backend (threads and SIMD).
+    Flex,
+    /// Burn's WebGPU backend (cargo feature `wgpu`).
+    Wgpu,
+    /// Burn's CUDA backend (cargo feature `cuda`).
+    Cuda,
+}
+
+impl BackendChoice {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Flex => "flex",
+            Self::Wgpu => "wgpu",
+            Self::Cuda => "cuda",
+        }
+    }
+
+    /// Whether this binary was built with the backend.
+    pub fn built(self) -> bool {
+        match self {
+            Self::Flex => true,
+            Self::Wgpu => cfg!(feature = "wgpu"),
+            Self::Cuda => cfg!(feature = "cuda"),
+        }
+    }
+
+    /// The error for a backend this binary lacks.
+    pub fn missing(self) -> anyhow::Error {
+        anyhow::anyhow!(
+            "backend `{0}` is not in this build of ragen-host; rebuild with the cargo feature: \
+             `cargo build --release -p ragen-host --features {0}`",
+            self.name()
+        )
+    }
+}
+
+/// The backend's default device (the first GPU, or the CPU).
+pub fn default_device<B: burn::tensor::backend::Backend>() -> B::Device {
+    Default::default()
+}
+
+/// Run `$body` with `$B` the autodiff backend chosen and `$device` its
+/// default device; a backend not built in is an error naming the feature.
+macro_rules! with_backend {
+    ($choice:expr, $B:ident, $device:ident => $body:expr) => {{
+        use $crate::backend::BackendChoice;
+        match $choice {
+            BackendChoice::Flex => {
+                type $B = burn::backend::Autodiff<burn::backend::Flex>;
+                let $device = $crate::backend::default_device::<$B>();
+                $body
+            }
+            #[cfg(feature = "wgpu")]
+            BackendChoice::Wgpu => {
+                type $B = burn::backend::Autodiff<burn::backend::Wgpu>;
+                let $device = $crate::backend::default_device::<$B>();
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            BackendChoice::Cuda => {
+                type $B = burn::backend::Autodiff<burn::backend::Cuda>;
+                let $device = $crate::backend::default_device::<$B>();
+                $body
+            }
+            #[allow(unreachable_patterns)]
+            other => return Err(other.missing()),
+        }
+    }};
+}
+pub(crate) use with_backend;

@@ -1,0 +1,126 @@
+//! The policy's own speed, on whatever backend it runs: training throughput
+//! (forward plus backward) and sampling throughput with and without the KV
+//! cache, on prompts of a given length. `ragen-host bench --policy` reports
+//! these; they say where a training step's time goes.
+
+use crate::grammar::AnswerGrammar;
+use crate::model::PolicyModel;
+use crate::sample::sample_batch_with;
+use burn::prelude::*;
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use ragen_env_sdk::SeedRng;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct PolicyBenchConfig {
+    /// Prompts as the policy sees them (each ends with the pre-fill), one
+    /// per row of a batch: sequences per forward/backward pass and replies
+    /// per sampling batch.
+    pub prompts: Vec<Vec<u32>>,
+    /// Each measurement repeats for at least this long.
+    pub min_time: Duration,
+}
+
+/// Tokens per second.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyBenchReport {
+    pub prompt_tokens: usize,
+    pub batch: usize,
+    /// Forward and backward over `batch` sequences of prompt-plus-reply length.
+    pub train_tokens_per_s: f64,
+    /// New tokens per second sampling `batch` replies at once, KV cache on.
+    pub sample_tokens_per_s_cached: f64,
+    /// The same draws recomputing the whole sequence at every new token.
+    pub sample_tokens_per_s_uncached: f64,
+    /// One reply at a time with the KV cache: what batching buys.
+    pub sample_tokens_per_s_unbatched: f64,
+    pub reply_tokens: usize,
+}
+
+/// Repeat `f` (which returns the tokens it handled) for `min_time`.
+fn rate(min_time: Duration, mut f: impl FnMut() -> usize) -> f64 {
+    f(); // warm-up: allocations, kernel compilation on GPU backends
+    let (start, mut tokens, mut runs) = (Instant::now(), 0usize, 0);
+    while runs < 2 || start.elapsed() < min_time {
+        tokens += f();
+        runs += 1;
+    }
+    tokens as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Measure `model` (an autodiff model, for the backward pass) under `grammar`.
+pub fn bench_policy<B: AutodiffBackend>(
+    model: &PolicyModel<B>,
+    grammar: &AnswerGrammar,
+    config: &PolicyBenchConfig,
+    device: &B::Device,
+) -> PolicyBenchReport {
+    let inference = model.clone().valid();
+    let budget = grammar.max_reply_tokens();
+    let b = config.prompts.len();
+    assert!(b > 0, "at least one prompt");
+    let mut stream = 0;
+    let mut next_row = 0;
+    let mut draw = |rows: usize, use_cache: bool| {
+        let prompts: Vec<&[u32]> = (0..rows)
+            .map(|_| {
+                next_row += 1;
+                config.prompts[next_row % b].as_slice()
+            })
+            .collect();
+        let mut rngs: Vec<SeedRng> = (0..rows).map(|_| {
+            stream += 1;
+            SeedRng::stream(7, stream)
+        }).collect();
+        let out = sample_batch_with(&inference, &prompts, grammar, 1.0, budget, &mut rngs, device, use_cache);
+        out.iter().map(|s| s.tokens.len()).sum::<usize>()
+    };
+    let cached = rate(config.min_time, || draw(b, true));
+    let uncached = rate(config.min_time, || draw(b, false));
+    let unbatched = rate(config.min_time, || draw(1, true));
+
+    let longest = config.prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let len = (longest + budget).min(model.max_seq_len());
+    let ids: Vec<i64> =
+        config.prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64).chain(std::iter::repeat(0)).take(len)).collect();
+    let train = rate(config.min_time, || {
+        let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.clone(), [b, len]), device);
+        let (logits, values) = model.forward(tokens); // [b, len, v], [b, len]
+        let loss = burn::tensor::activation::log_softmax(logits, 2).mean() + values.mean();
+        let _grads = loss.backward();
+        b * len
+    });
+    PolicyBenchReport {
+        prompt_tokens: longest,
+        batch: b,
+        train_tokens_per_s: train,
+        sample_tokens_per_s_cached: cached,
+        sample_tokens_per_s_uncached: uncached,
+        sample_tokens_per_s_unbatched: unbatched,
+        reply_tokens: budget,
+    }
+}
+
+impl PolicyBenchReport {
+    pub fn to_text(&self) -> String {
+        format!(
+            "policy: prompts up to {} tokens, replies up to {} tokens, batch {}\n\
+             train (forward + backward)   {:>10.0} tokens/s\n\
+             sample, KV cache, batched    {:>10.0} tokens/s\n\
+             sample, no cache, batched    {:>10.0} tokens/s  (cache speed-up {:.1}x)\n\
+             sample, KV cache, one by one {:>10.0} tokens/s  (batching speed-up {:.1}x)\n",
+            self.prompt_tokens,
+            self.reply_tokens,
+            self.batch,
+            self.train_tokens_per_s,
+            self.sample_tokens_per_s_cached,
+            self.sample_tokens_per_s_uncached,
+            self.sample_tokens_per_s_cached / self.sample_tokens_per_s_uncached,
+            self.sample_tokens_per_s_unbatched,
+            self.sample_tokens_per_s_cached / self.sample_tokens_per_s_unbatched,
+        )
+    }
+}
