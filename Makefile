@@ -17,7 +17,7 @@ EXAMPLE_DIR := target/examples
 TEST_PLUGIN_DIR := target/test-plugins
 FAULTS := loop-in-step grow-memory trap-in-reset nan-reward
 
-.PHONY: all plugins test-plugins test clean-plugins
+.PHONY: all plugins test-plugins test clean-plugins gpu-backends
 
 all: plugins
 
@@ -45,6 +45,20 @@ test-plugins: plugins
 test: plugins test-plugins
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_EXAMPLE_DIR=$(CURDIR)/$(EXAMPLE_DIR) \
 	  RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) $(CARGO) test --workspace
+
+# The GPU backends are cargo features of ragen-host. Build both (CUDA needs no
+# toolkit to compile: it loads the driver at run time), then train one small
+# step on wgpu when a Vulkan driver is present (on a machine without a GPU,
+# Mesa's software driver lavapipe: Debian's mesa-vulkan-drivers).
+gpu-backends: plugins
+	$(CARGO) build -p ragen-host --features cuda
+	$(CARGO) build -p ragen-host --features wgpu
+	@if ls /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1; then \
+	  rm -rf $(TARGET_DIR)/wgpu-smoke && \
+	  $(TARGET_DIR)/debug/ragen-host train --env $(PLUGIN_DIR)/bandit.wasm --config examples/configs/smoke.toml \
+	    --backend wgpu --out $(TARGET_DIR)/wgpu-smoke && \
+	  grep -q '"step":1' $(TARGET_DIR)/wgpu-smoke/metrics.jsonl && echo "  wgpu: two training steps ran"; \
+	else echo "  wgpu: no Vulkan driver found (apt-get install mesa-vulkan-drivers); built, not run"; fi
 
 clean-plugins:
 	rm -rf $(PLUGIN_DIR) $(EXAMPLE_DIR) $(TEST_PLUGIN_DIR)

@@ -48,6 +48,32 @@ pub fn default_device<B: burn::tensor::backend::Backend>() -> B::Device {
     Default::default()
 }
 
+/// Make one small tensor on `device` and read it back. GPU backends panic
+/// (on another thread, too) when no driver or adapter is there; this turns
+/// that into an error a person can act on, before any work starts.
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+pub fn probe<B: burn::tensor::backend::Backend>(choice: BackendChoice, device: &B::Device) -> anyhow::Result<()> {
+    use burn::tensor::Tensor;
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let device = device.clone();
+    // The probe shares nothing with the rest of the program, so a panic
+    // inside it leaves no broken state behind.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || Tensor::<B, 1>::ones([4], &device).sum().into_scalar()));
+    std::panic::set_hook(quiet);
+    match result {
+        Ok(_) => Ok(()),
+        Err(_) => Err(anyhow::anyhow!(
+            "backend `{0}` is built in but could not start: {1}; use `--backend flex` to run on the CPU",
+            choice.name(),
+            match choice {
+                BackendChoice::Cuda => "no CUDA driver was found (libcuda.so; is the NVIDIA driver installed and LD_LIBRARY_PATH set?)",
+                _ => "no GPU adapter was found (on a machine without a GPU, install a Vulkan driver such as Mesa's lavapipe: mesa-vulkan-drivers)",
+            }
+        )),
+    }
+}
+
 /// Run `$body` with `$B` the autodiff backend chosen and `$device` its
 /// default device; a backend not built in is an error naming the feature.
 macro_rules! with_backend {
@@ -63,12 +89,14 @@ macro_rules! with_backend {
             BackendChoice::Wgpu => {
                 type $B = burn::backend::Autodiff<burn::backend::Wgpu>;
                 let $device = $crate::backend::default_device::<$B>();
+                $crate::backend::probe::<$B>(BackendChoice::Wgpu, &$device)?;
                 $body
             }
             #[cfg(feature = "cuda")]
             BackendChoice::Cuda => {
                 type $B = burn::backend::Autodiff<burn::backend::Cuda>;
                 let $device = $crate::backend::default_device::<$B>();
+                $crate::backend::probe::<$B>(BackendChoice::Cuda, &$device)?;
                 $body
             }
             #[allow(unreachable_patterns)]

@@ -34,7 +34,13 @@ type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
 
 /// A y-axis label readable at any scale (approx KL lives around 1e-8).
 fn tick(y: f64, span: f64) -> String {
-    if span < 0.01 { format!("{y:.1e}") } else { format!("{y:.2}") }
+    if span < 0.01 {
+        format!("{y:.1e}")
+    } else {
+        // Enough decimals that ticks a tenth of the span apart differ.
+        let decimals = (1.0 - span.log10().floor()).clamp(2.0, 4.0) as usize;
+        format!("{y:.decimals$}")
+    }
 }
 
 /// Six panels: success (train and validation), reward, in-group reward std

@@ -144,12 +144,15 @@ enum Command {
         settings: Settings,
     },
     /// Train a policy from scratch on a plugin with StarPO-S (default),
-    /// StarPO or GRPO. The run directory gets config.toml (the resolved
-    /// config), metrics.jsonl (one line per step: success, reward, reward
-    /// std before/after the variance filter, entropy, gradient norm, clip
-    /// fraction, approx KL, reply length, valid actions, validation success
-    /// every test_freq steps) and a checkpoint every save_freq steps and on
-    /// Ctrl-C. `--resume DIR` continues a run exactly.
+    /// StarPO (adds a KL term to the frozen initial policy) or GRPO. The run
+    /// directory gets config.toml (the resolved config), metrics.jsonl (one
+    /// line per step: success, reward, reward std before/after the variance
+    /// filter, entropy, gradient norm, clip fraction, approx KL, KL to the
+    /// reference, reply length, valid actions, timings, validation success
+    /// every test_freq steps), dashboard.png and a checkpoint every save_freq
+    /// steps and on Ctrl-C. `--resume DIR` continues a run exactly.
+    /// Example: `ragen-host train --env target/plugins/bandit.wasm --steps 20
+    /// --out runs/bandit`.
     Train {
         /// The environment plugin.
         #[arg(long)]
@@ -308,9 +311,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}/metrics.jsonl line {} is damaged", dir.display(), i + 1)))
                     .collect::<Result<_>>()?;
                 let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-                let label = match ragen_learner::TrainConfig::load(&dir.join("config.toml")) {
-                    Ok(c) => format!("{name} ({})", serde_json::to_value(c.algo).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()),
-                    Err(_) => name,
+                let algo = ragen_learner::TrainConfig::load(&dir.join("config.toml"))
+                    .ok()
+                    .and_then(|c| serde_json::to_value(c.algo).ok())
+                    .and_then(|v| v.as_str().map(str::to_string));
+                let label = match algo {
+                    Some(algo) if algo != name => format!("{name} ({algo})"),
+                    _ => name,
                 };
                 loaded.push((label, history));
             }

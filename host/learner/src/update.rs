@@ -23,7 +23,7 @@ use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::Trajectory;
-use ragen_policy::{AnswerGrammar, PluginTokenizer, PolicyModel};
+use ragen_policy::{AnswerGrammar, PluginTokenizer, PolicyModel, PolicyNetwork};
 use std::path::Path;
 
 /// Where advantages come from.
@@ -91,10 +91,6 @@ pub struct UpdateStats {
     pub agent_tokens: usize,
 }
 
-/// Attention scores one update chunk may hold (`b · h · t²` floats): 4 Mi, 16 MiB, so that the
-/// score tensors stay in cache on a CPU.
-const UPDATE_SCORES: usize = 4 << 20;
-
 /// One trajectory laid out for the update.
 struct Row<'a> {
     trajectory: &'a Trajectory,
@@ -106,31 +102,37 @@ struct Row<'a> {
     old_logp: Vec<f32>,
 }
 
-/// The model being trained, its optimiser and the grammar its replies obey.
-pub struct Learner<B: AutodiffBackend> {
-    model: Option<PolicyModel<B>>,
+/// The network being trained (any [`PolicyNetwork`]; our transformer by
+/// default), its optimiser and the grammar its replies obey.
+pub struct Learner<B: AutodiffBackend, M: AutodiffModule<B> = PolicyModel<B>> {
+    model: Option<M>,
     /// The frozen initial policy the KL term pulls towards (only kept when
     /// `kl_coef` is not 0).
-    reference: Option<PolicyModel<B::InnerBackend>>,
-    optimizer: OptimizerAdaptor<AdamW, PolicyModel<B>, B>,
+    reference: Option<M::InnerModule>,
+    optimizer: OptimizerAdaptor<AdamW, M, B>,
     grammar: AnswerGrammar,
     config: UpdateConfig,
     device: B::Device,
 }
 
-impl<B: AutodiffBackend> Learner<B> {
-    pub fn new(model: PolicyModel<B>, grammar: AnswerGrammar, config: UpdateConfig, device: B::Device) -> Self {
+impl<B, M> Learner<B, M>
+where
+    B: AutodiffBackend,
+    M: PolicyNetwork<B> + AutodiffModule<B>,
+    M::InnerModule: PolicyNetwork<B::InnerBackend>,
+{
+    pub fn new(model: M, grammar: AnswerGrammar, config: UpdateConfig, device: B::Device) -> Self {
         let optimizer = AdamWConfig::new().with_weight_decay(config.weight_decay).init();
         let reference = (config.kl_coef != 0.0).then(|| model.valid());
         Self { model: Some(model), reference, optimizer, grammar, config, device }
     }
 
     /// The model without gradient tracking, for sampling.
-    pub fn policy_model(&self) -> PolicyModel<B::InnerBackend> {
+    pub fn policy_model(&self) -> M::InnerModule {
         self.model().valid()
     }
 
-    pub fn model(&self) -> &PolicyModel<B> {
+    pub fn model(&self) -> &M {
         self.model.as_ref().expect("the model is only taken during a step")
     }
 
@@ -207,13 +209,12 @@ impl<B: AutodiffBackend> Learner<B> {
         //    off the agent tokens' log-probs, values and entropies, and the
         //    frozen reference's log-probs when the KL term is on.
         let (mut logps, mut values, mut entropies, mut ref_logps) = (vec![], vec![], vec![], vec![]);
-        let heads = model.n_heads();
         let mut rest = &rows[..];
         while !rest.is_empty() {
             let mut c = 1;
             while c < rest.len() {
                 let len = rest[..=c].iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-                if (c + 1) * heads * len * len > UPDATE_SCORES {
+                if c + 1 > model.rows_per_pass(len) {
                     break;
                 }
                 c += 1;
@@ -236,7 +237,7 @@ impl<B: AutodiffBackend> Learner<B> {
             let taken = Tensor::<B, 2, Int>::from_data(TensorData::new(taken, [n, 1]), &self.device);
             let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), &self.device);
 
-            let (logits, vals) = model.forward(ids.clone()); // [c, l, v], [c, l]
+            let (logits, vals) = model.logits_and_values(ids.clone()); // [c, l, v], [c, l]
             let logits = logits.reshape([chunk.len() * l, vocab]).select(0, picks.clone()); // [n, v]
             let logp_all = masked_log_softmax(logits, allowed.clone(), cfg.temperature); // [n, v]
             logps.push(logp_all.clone().gather(1, taken.clone()).reshape([n]));
@@ -244,7 +245,7 @@ impl<B: AutodiffBackend> Learner<B> {
             values.push(vals.reshape([chunk.len() * l]).select(0, picks.clone())); // [n]
             if let Some(reference) = &self.reference {
                 let inner = |t: Tensor<B, 2, Int>| t.inner();
-                let (logits, _) = reference.forward(inner(ids));
+                let (logits, _) = reference.logits_and_values(inner(ids));
                 let logits = logits.reshape([chunk.len() * l, vocab]).select(0, picks.inner());
                 let logp_all = masked_log_softmax(logits, allowed.inner(), cfg.temperature);
                 ref_logps.push(logp_all.gather(1, taken.inner()).reshape([n]));
@@ -340,7 +341,7 @@ impl<B: AutodiffBackend> Learner<B> {
 
 /// √(Σ‖g‖²) over every parameter's gradient. Burn's own clipping works
 /// per tensor; the global norm is also one of the Echo-Trap signals.
-fn global_norm<B: AutodiffBackend>(model: &PolicyModel<B>, grads: &GradientsParams) -> f64 {
+fn global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, grads: &GradientsParams) -> f64 {
     struct Norm<'a> {
         grads: &'a GradientsParams,
         sum: f64,
@@ -357,7 +358,7 @@ fn global_norm<B: AutodiffBackend>(model: &PolicyModel<B>, grads: &GradientsPara
     v.sum.sqrt()
 }
 
-fn scale_grads<B: AutodiffBackend>(model: &PolicyModel<B>, grads: &mut GradientsParams, factor: f64) {
+fn scale_grads<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, grads: &mut GradientsParams, factor: f64) {
     struct Scale<'a> {
         grads: &'a mut GradientsParams,
         factor: f64,

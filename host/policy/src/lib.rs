@@ -14,11 +14,14 @@
 //!   grammar with a KV cache, and [`masked_logprobs`] recomputes its
 //!   log-probabilities in one full pass, as the learner will.
 //! * [`BurnPolicy`] puts the model behind the agent loop's `Policy` seam.
+//! * [`PolicyNetwork`] is the learner's seam: any causal LM with a value head
+//!   (ours, or a pretrained one later) trains with the same learner.
 
 mod agent;
 mod bench;
 mod grammar;
 mod model;
+mod network;
 mod sample;
 mod tokenizer;
 
@@ -26,5 +29,6 @@ pub use agent::{BurnPolicy, SamplingConfig};
 pub use bench::{PolicyBenchConfig, PolicyBenchReport, bench_policy};
 pub use grammar::{AnswerGrammar, GrammarState};
 pub use model::{KvCache, PolicyModel, PolicyModelConfig};
+pub use network::PolicyNetwork;
 pub use sample::{Sampled, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with};
 pub use tokenizer::PluginTokenizer;

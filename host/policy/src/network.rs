@@ -1,0 +1,37 @@
+//! The seam between the learner and the network it trains.
+//!
+//! The learner needs only this: run a batch of token sequences through a
+//! causal language model with a value head, and be a Burn module (so it can
+//! be optimised, checkpointed and copied as a frozen reference). Our
+//! from-scratch [`PolicyModel`](crate::PolicyModel) implements it; a
+//! pretrained Hugging Face model (Qwen2.5: safetensors weights, a
+//! `tokenizer.json`, a value head added on top) implements the same trait,
+//! plus the agent loop's `Policy` for sampling, and drops in without
+//! touching the learner.
+
+use burn::prelude::*;
+
+/// A causal language model with a value head, as the learner sees it.
+pub trait PolicyNetwork<B: Backend>: Module<B> {
+    /// Tokens `[b, l]` to next-token logits `[b, l, v]` (position `i`
+    /// predicts token `i + 1`) and values `[b, l]`. Rows may be
+    /// right-padded: position `i` must not depend on anything after it.
+    fn logits_and_values(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>);
+
+    /// How many sequences of `len` tokens one pass should hold at most, to
+    /// keep memory in bounds (the learner splits its batch accordingly).
+    fn rows_per_pass(&self, len: usize) -> usize;
+}
+
+impl<B: Backend> PolicyNetwork<B> for crate::PolicyModel<B> {
+    fn logits_and_values(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        self.forward(tokens)
+    }
+
+    /// The autodiff path materialises attention scores `[b, h, l, l]`;
+    /// keep them to 4 Mi floats (16 MiB), which also keeps them in cache on
+    /// a CPU.
+    fn rows_per_pass(&self, len: usize) -> usize {
+        ((4 << 20) / (self.n_heads() * len * len).max(1)).max(1)
+    }
+}
