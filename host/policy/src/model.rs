@@ -110,14 +110,6 @@ impl<B: Backend> KvCache<B> {
         Self { layers: vec![None; n_layers], len: 0, gaps: Vec::new() }
     }
 
-    /// A cache for a left-padded batch: row `r` starts with `pad[r]` padding
-    /// tokens.
-    pub fn left_padded(n_layers: usize, pad: Vec<usize>) -> Self {
-        let mut cache = Self::new(n_layers);
-        cache.pad_at(0, pad);
-        cache
-    }
-
     /// Positions `start..start + pad[r]` of row `r` are padding (the tokens
     /// fed there are ignored). One gap per row.
     pub fn pad_at(&mut self, start: usize, pad: Vec<usize>) {

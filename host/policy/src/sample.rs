@@ -42,9 +42,10 @@ pub fn sample<B: Backend>(
     sample_batch(model, &[prompt], grammar, temperature, max_new_tokens, std::slice::from_mut(rng), device).pop().expect("one row")
 }
 
-/// Sample one reply per prompt, all rows at once: the prompts are
-/// left-padded to a common length, run through the model in one pass, then
-/// every unfinished row gets one new token per step. Row `r` draws from
+/// Sample one reply per prompt, all rows at once: the prefix all prompts
+/// share runs once, each row's remaining tokens are padded (after that
+/// prefix) to a common length and run in one pass, then every unfinished
+/// row gets one new token per step. Row `r` draws from
 /// `rngs[r]` only, so a reply does not depend on which other prompts shared
 /// its batch.
 pub fn sample_batch<B: Backend>(
