@@ -20,8 +20,9 @@ pub struct Report {
     pub config_keys: Vec<ConfigKey>,
     /// The env as configured by the defaults plus any `--set`.
     pub env: EnvSpec,
-    /// Everything the component imports. None of it is granted: each
-    /// function traps if called.
+    /// Everything the component imports. None of it grants anything: WASI
+    /// answers with no files, network or environment, still clocks and
+    /// fixed-seed randomness; any other import traps if called.
     pub imports: Vec<String>,
 }
 
@@ -127,7 +128,7 @@ impl Report {
             let _ = writeln!(s, "    {lhs:<width$}  {}", k.description);
         }
         let imports = if self.imports.is_empty() { "none".to_string() } else { self.imports.join(", ") };
-        let _ = writeln!(s, "  imports       {imports}\n                (none granted: each traps if called)");
+        let _ = writeln!(s, "  imports       {imports}\n                (nothing granted: WASI without files, network or environment, with still clocks\n                 and fixed-seed randomness; anything else traps if called)");
         let _ = writeln!(s, "  instructions");
         for line in self.env.instructions.lines() {
             let _ = writeln!(s, "    {line}");

@@ -64,7 +64,7 @@ impl Settings {
 enum Command {
     /// Show what a plugin says about itself: name, version, actions, symbol
     /// legend, config keys and defaults, limits, the contract version it was
-    /// built against, its size, and the imports it declares (none are granted).
+    /// built against, its size, and the imports it declares (none grants anything).
     Inspect {
         /// The plugin, e.g. target/plugins/sokoban.wasm
         file: PathBuf,

@@ -110,11 +110,22 @@ impl Validator<'_> {
 
     /// Play one episode from `seed` with actions drawn from the seed.
     fn episode(&self, inst: &mut PluginInstance, env: ragen_runtime::EnvHandle, seed: u64) -> Result<(String, Vec<Record>, Vec<f64>), String> {
+        self.episode_with(inst, env, seed, seed ^ 0x5eed)
+    }
+
+    /// One episode of `seed` with pseudo-random actions drawn from `action_seed`.
+    fn episode_with(
+        &self,
+        inst: &mut PluginInstance,
+        env: ragen_runtime::EnvHandle,
+        seed: u64,
+        action_seed: u64,
+    ) -> Result<(String, Vec<Record>, Vec<f64>), String> {
         let first = inst
             .reset(env, seed)
             .map_err(|f| faulted(&format!("reset(seed {seed})"), &f))?
             .map_err(|e| format!("reset(seed {seed}) failed: {}", e.message))?;
-        let mut actions = SeedRng::new(seed ^ 0x5eed);
+        let mut actions = SeedRng::new(action_seed);
         let (mut records, mut numbers) = (Vec::new(), Vec::new());
         for t in 0..self.max_steps.min(200) {
             let a = actions.below(self.num_actions as usize) as u32;
@@ -219,17 +230,27 @@ impl Validator<'_> {
         Ok(format!("{} seeds replayed identically in two instances ({steps} steps)", self.opts.seeds))
     }
 
+    /// Different seeds must give different episodes. Not necessarily
+    /// different first observations: a game with hidden state (a secret
+    /// number) shows every seed the same start, and differs only once the
+    /// agent acts. So each seed plays the same actions and whole episodes
+    /// are compared.
     fn seeds_differ(&self) -> Result<String, String> {
         let (mut inst, env) = self.env()?;
-        let mut states = HashSet::new();
+        let (mut starts, mut episodes) = (HashSet::new(), HashSet::new());
         for seed in 0..self.opts.seeds {
-            let obs = inst.reset(env, seed).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset(seed {seed}) failed: {}", e.message))?;
-            states.insert(obs);
+            let (first, records, _) = self.episode_with(&mut inst, env, seed, 0x5eed)?;
+            let replay: Vec<(String, u64)> = records.iter().map(|r| (r.observation.clone(), r.reward_bits)).collect();
+            starts.insert(first.clone());
+            episodes.insert((first, replay));
         }
-        if states.len() < 2 {
-            return Err(format!("all {} seeds gave the same initial state (fix: derive the initial state from the seed)", self.opts.seeds));
+        if episodes.len() < 2 {
+            return Err(format!(
+                "all {} seeds played the same episode under the same actions (fix: derive the initial state, or the hidden state, from the seed)",
+                self.opts.seeds
+            ));
         }
-        Ok(format!("{} distinct initial states from {} seeds", states.len(), self.opts.seeds))
+        Ok(format!("{} distinct episodes ({} distinct initial states) from {} seeds", episodes.len(), starts.len(), self.opts.seeds))
     }
 
     fn finite(&self) -> Result<String, String> {

@@ -7,10 +7,11 @@
 //! * [`EnvPool`] runs many envs across worker threads with one batched API,
 //!   autoreset, and fault containment (see the `pool` module docs).
 //!
-//! The guest gets no capabilities: every import it declares beyond the
-//! contract (WASI's clocks, random, files, stdio...) is bound to a function
-//! that traps, so a plugin cannot read the time, the OS's randomness or the
-//! disk even if its toolchain linked those in.
+//! The guest gets no capabilities. WASI is linked so that runtimes which
+//! call it in ordinary work (CPython, StarlingMonkey) run, but it grants
+//! nothing: no files, no network, no environment, clocks that stand still,
+//! fixed-seed randomness, and only stderr is kept, to quote in faults (see
+//! the `wasi` module). Any other import traps if called.
 
 mod bindings;
 mod contract;
@@ -19,6 +20,7 @@ mod plugin;
 mod pool;
 mod sandbox;
 mod shard;
+mod wasi;
 
 pub use bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo, StepResult};
 pub use bindings::ragen::env::types::{ConfigKey, EnvError, ErrorKind, LegendEntry, Limits, StepInfo};

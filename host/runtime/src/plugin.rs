@@ -4,7 +4,8 @@ use crate::IntoAnyhow;
 use crate::bindings::EnvPluginPre;
 use crate::contract::{self, ContractVersion};
 use crate::instance::PluginInstance;
-use crate::sandbox::{self, MemoryCap, SandboxLimits, StoreState};
+use crate::sandbox::{self, SandboxLimits, StoreState};
+use crate::wasi;
 use anyhow::{Context, Result};
 use std::path::Path;
 use wasmtime::component::{Component, Linker};
@@ -57,10 +58,11 @@ impl Plugin {
         let contract_version = contract::check_exports(exports.iter().map(String::as_str)).with_context(fail)?;
         let imports: Vec<String> = ty.imports(&engine).map(|(name, _)| name.to_string()).collect();
 
-        // No capabilities: whatever the guest imports (WASI or otherwise) is
-        // bound to a function that traps if it is ever called.
+        // No capabilities: WASI answers but grants nothing (see `wasi`), and
+        // any other import is bound to a function that traps if called.
         let mut linker = Linker::new(&engine);
-        linker.define_unknown_imports_as_traps(&component).anyhow().with_context(fail)?;
+        wasi::add_to_linker(&mut linker).anyhow().context("cannot link the sandbox's WASI")?;
+        wasi::trap_unlinked_imports(&mut linker, &component, &engine).anyhow().with_context(fail)?;
         let pre = EnvPluginPre::new(linker.instantiate_pre(&component).anyhow().with_context(fail)?)
             .anyhow()
             .with_context(fail)?;
@@ -71,7 +73,7 @@ impl Plugin {
 
     /// A fresh, isolated instance: its own memory, its own envs.
     pub fn instantiate(&self) -> Result<PluginInstance> {
-        let mut store = Store::new(&self.engine, StoreState { memory: MemoryCap::new(self.limits.memory_bytes) });
+        let mut store = Store::new(&self.engine, StoreState::new(&self.limits));
         store.limiter(|state| &mut state.memory);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(self.limits.deadline_ticks());
@@ -93,7 +95,8 @@ impl Plugin {
         self.contract_version
     }
 
-    /// Everything the component imports (none of it is granted).
+    /// Everything the component imports. WASI answers but grants nothing;
+    /// anything else traps if called.
     pub fn imports(&self) -> &[String] {
         &self.imports
     }

@@ -2,9 +2,11 @@
 //! memory cap per instance (a `ResourceLimiter`) and a cap on observation
 //! size, and how a failed call is classified so the caller can say why.
 
+use crate::wasi::GuestWasi;
 use std::fmt;
 use std::time::Duration;
 use wasmtime::{Engine, ResourceLimiter};
+use wasmtime_wasi::{WasiCtxView, WasiView};
 
 /// Limits applied to every instance of a plugin. The defaults are generous
 /// for text environments and still stop a runaway plugin quickly.
@@ -54,9 +56,23 @@ pub(crate) fn start_epoch_ticker(engine: &Engine) {
         .expect("cannot spawn the epoch ticker thread");
 }
 
-/// Per-store state: the memory cap and whether it was hit.
+/// Per-store state: the memory cap and whether it was hit, and the
+/// instance's deny-all WASI.
 pub(crate) struct StoreState {
     pub(crate) memory: MemoryCap,
+    pub(crate) wasi: GuestWasi,
+}
+
+impl StoreState {
+    pub(crate) fn new(limits: &SandboxLimits) -> Self {
+        Self { memory: MemoryCap::new(limits.memory_bytes), wasi: GuestWasi::new() }
+    }
+}
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        self.wasi.view()
+    }
 }
 
 pub(crate) struct MemoryCap {
@@ -135,19 +151,26 @@ pub(crate) fn classify(error: wasmtime::Error, call: &str, state: &StoreState, l
             message: format!("{call}: did not return within the time budget of {} ms (an endless loop?)", limits.call_timeout.as_millis()),
         };
     }
-    Fault { kind: FaultKind::Trap, message: format!("{call}: {}", describe_trap(&error)) }
+    let mut message = format!("{call}: {}", describe_trap(&error));
+    if let Some(said) = state.wasi.stderr_tail(STDERR_QUOTE_BYTES) {
+        // Rust's hint about RUST_BACKTRACE cannot be acted on in a sandbox.
+        let said: Vec<&str> = said.lines().filter(|l| !l.starts_with("note: run with `RUST_BACKTRACE")).collect();
+        message.push_str(&format!("; the plugin's stderr ends with: {}", said.join(" | ")));
+    }
+    Fault { kind: FaultKind::Trap, message }
 }
 
+/// How much of the plugin's stderr a fault message quotes.
+const STDERR_QUOTE_BYTES: usize = 600;
+
 /// One line a plugin author can act on. A Rust panic shows up as a trap
-/// inside the standard library's panic machinery (which then trips over the
-/// environment variables and stderr the sandbox does not grant), so the root
-/// cause wasmtime reports would mislead; name the panic instead.
+/// inside the standard library's panic machinery, whose root cause
+/// (`unreachable`) would mislead; name the panic instead. Its message is on
+/// stderr, which the caller quotes.
 fn describe_trap(error: &wasmtime::Error) -> String {
     let full = format!("{error:?}");
     if full.contains("panicking") || full.contains("panic_fmt") || full.contains("rust_panic") {
-        return "the plugin panicked (its message is not shown: the sandbox grants no stderr; \
-                run the env natively to see it)"
-            .to_string();
+        return "the plugin panicked".to_string();
     }
     let root = error.root_cause().to_string();
     let frames: Vec<&str> = full
