@@ -1,6 +1,8 @@
 # ragen-rs: the two commands the README promises, and the steps they use.
 #
 #   make plugins   build every environment plugin into target/plugins/*.wasm
+#                  (Rust always; Python and JavaScript when their pinned
+#                  toolchains install, else skipped with a warning)
 #   make test      build the plugins, then run every test
 
 CARGO ?= cargo
@@ -17,11 +19,29 @@ EXAMPLE_DIR := target/examples
 TEST_PLUGIN_DIR := target/test-plugins
 FAULTS := loop-in-step grow-memory trap-in-reset nan-reward
 
-.PHONY: all plugins test-plugins test clean-plugins gpu-backends
+# Plugins in other languages, each built by its own pinned toolchain, which
+# `make` installs under target/toolchains (PyPI, npm). If a toolchain cannot
+# be installed, those plugins are skipped with a warning and everything else
+# still builds and tests (their tests say they were skipped; under CI=true
+# they fail instead).
+TOOLCHAIN_DIR := target/toolchains
+PY_TOOLCHAIN := $(TOOLCHAIN_DIR)/python
+JS_TOOLCHAIN := $(TOOLCHAIN_DIR)/js
+PY_REQUIREMENTS := env-plugins/guess-number/requirements.txt
+JS_PACKAGE := env-plugins/game-2048/package.json env-plugins/game-2048/package-lock.json
+COMPONENTIZE_PY := $(PY_TOOLCHAIN)/bin/componentize-py -d wit -w env-plugin componentize
+# `--disable http`: an env has no use for fetch(), so the component does not
+# import wasi:http at all.
+JCO := $(CURDIR)/$(JS_TOOLCHAIN)/node_modules/.bin/jco componentize
+JCO_FLAGS := --wit $(CURDIR)/wit --world-name env-plugin --disable http
+
+.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test clean-plugins gpu-backends
 
 all: plugins
 
-plugins:
+plugins: rust-plugins python-plugins js-plugins
+
+rust-plugins:
 	@rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2 || { \
 	  echo "error: the wasm32-wasip2 target is missing and could not be installed; run: rustup target add wasm32-wasip2" >&2; exit 1; }
 	$(CARGO) build --target wasm32-wasip2 --profile plugin $(addprefix -p ragen-env-,$(RUST_PLUGINS)) -p ragen-example-corridor
@@ -34,7 +54,46 @@ plugins:
 	@cp $(TARGET_DIR)/wasm32-wasip2/plugin/ragen_example_corridor.wasm $(EXAMPLE_DIR)/corridor.wasm
 	@echo "  built $(EXAMPLE_DIR)/corridor.wasm (the authoring example)"
 
-test-plugins: plugins
+# componentize-py, pinned in $(PY_REQUIREMENTS), in a virtual environment.
+$(PY_TOOLCHAIN)/installed: $(PY_REQUIREMENTS)
+	rm -rf $(PY_TOOLCHAIN)
+	python3 -m venv $(PY_TOOLCHAIN)
+	$(PY_TOOLCHAIN)/bin/pip install -q --disable-pip-version-check -r $(PY_REQUIREMENTS)
+	@touch $@
+
+# jco and componentize-js, pinned by env-plugins/game-2048's package-lock.json.
+$(JS_TOOLCHAIN)/installed: $(JS_PACKAGE)
+	rm -rf $(JS_TOOLCHAIN)
+	mkdir -p $(JS_TOOLCHAIN)
+	cp $(JS_PACKAGE) $(JS_TOOLCHAIN)/
+	cd $(JS_TOOLCHAIN) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+python-plugins:
+	@if $(MAKE) -s --no-print-directory $(PY_TOOLCHAIN)/installed; then \
+	  mkdir -p $(PLUGIN_DIR) $(EXAMPLE_DIR) && \
+	  $(COMPONENTIZE_PY) -p env-plugins/guess-number environment -o $(PLUGIN_DIR)/guess-number.wasm >/dev/null && \
+	  echo "  built $(PLUGIN_DIR)/guess-number.wasm (Python, $$(wc -c < $(PLUGIN_DIR)/guess-number.wasm) bytes)" && \
+	  $(COMPONENTIZE_PY) -p examples/corridor-py environment -o $(EXAMPLE_DIR)/corridor-py.wasm >/dev/null && \
+	  echo "  built $(EXAMPLE_DIR)/corridor-py.wasm (the Python authoring example)"; \
+	else \
+	  echo "warning: the Python plugin toolchain could not be installed (python3 -m venv, then pip install -r $(PY_REQUIREMENTS));" >&2; \
+	  echo "warning: skipping guess-number.wasm and corridor-py.wasm; the Rust plugins are unaffected" >&2; \
+	fi
+
+js-plugins:
+	@if $(MAKE) -s --no-print-directory $(JS_TOOLCHAIN)/installed; then \
+	  mkdir -p $(PLUGIN_DIR) $(EXAMPLE_DIR) && \
+	  (cd env-plugins/game-2048 && $(JCO) env.js $(JCO_FLAGS) -o $(CURDIR)/$(PLUGIN_DIR)/2048.wasm >/dev/null) && \
+	  echo "  built $(PLUGIN_DIR)/2048.wasm (JavaScript, $$(wc -c < $(PLUGIN_DIR)/2048.wasm) bytes)" && \
+	  (cd examples/corridor-js && $(JCO) env.js $(JCO_FLAGS) -o $(CURDIR)/$(EXAMPLE_DIR)/corridor-js.wasm >/dev/null) && \
+	  echo "  built $(EXAMPLE_DIR)/corridor-js.wasm (the JavaScript authoring example)"; \
+	else \
+	  echo "warning: the JavaScript plugin toolchain could not be installed (node and npm, then npm ci in $(JS_TOOLCHAIN));" >&2; \
+	  echo "warning: skipping 2048.wasm and corridor-js.wasm; the Rust plugins are unaffected" >&2; \
+	fi
+
+test-plugins: rust-plugins
 	@mkdir -p $(TEST_PLUGIN_DIR)
 	@for f in $(FAULTS); do \
 	  $(CARGO) build -q --target wasm32-wasip2 --profile plugin -p ragen-test-faulty --features $$f || exit 1; \
@@ -61,7 +120,7 @@ gpu-backends: plugins
 	else echo "  wgpu: no Vulkan driver found (apt-get install mesa-vulkan-drivers); built, not run"; fi
 
 clean-plugins:
-	rm -rf $(PLUGIN_DIR) $(EXAMPLE_DIR) $(TEST_PLUGIN_DIR)
+	rm -rf $(PLUGIN_DIR) $(EXAMPLE_DIR) $(TEST_PLUGIN_DIR) $(TOOLCHAIN_DIR)
 
 # The sandbox-boundary measurement behind wit/README.md's batching decision.
 # Uses the dev profile (dependencies are optimised there) so it reuses the

@@ -38,8 +38,19 @@ pub struct Report {
     pub native: Option<Rates>,
     /// Sandboxed rate / native rate.
     pub ratio: Option<Rates>,
+    /// Size of the component file, in bytes.
+    pub component_bytes: usize,
+    /// Time to read, check and compile the component, in milliseconds: paid
+    /// once per process (`train`, `eval`, `play`...), not per env.
+    pub load_ms: f64,
     /// Mean time to create one plugin instance, in milliseconds.
     pub instantiate_ms: f64,
+    /// Linear memory of one fresh instance holding no env, in bytes: the
+    /// language runtime's own footprint (CPython, a JS engine, or next to
+    /// nothing for Rust).
+    pub linear_memory_bytes_per_instance: f64,
+    /// Growth of this process's resident memory per fresh instance, in bytes.
+    pub resident_bytes_per_instance: f64,
     /// Growth of this process's resident memory per env, in bytes.
     pub resident_bytes_per_env: f64,
     /// Linear memory of all instances per env, in bytes.
@@ -69,7 +80,9 @@ fn rate(budget: Duration, mut batch: impl FnMut(u64) -> Result<usize>) -> Result
 }
 
 pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
+    let t = Instant::now();
     let plugin = Arc::new(Plugin::from_file(file)?);
+    let load_ms = t.elapsed().as_secs_f64() * 1e3;
     let info = plugin.instantiate()?.info()?;
     let half = Duration::from_secs_f64(opts.seconds / 2.0);
 
@@ -79,6 +92,12 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
         drop(plugin.instantiate()?);
     }
     let instantiate_ms = t.elapsed().as_secs_f64() * 1e3 / probes as f64;
+    // Instances held at once: what each costs before it holds any env.
+    let before = resident_bytes();
+    let held = (0..probes).map(|_| plugin.instantiate()).collect::<Result<Vec<_>, _>>()?;
+    let resident_bytes_per_instance = resident_bytes().saturating_sub(before) as f64 / probes as f64;
+    let linear_memory_bytes_per_instance = held.iter().map(|i| i.memory_bytes() as f64).sum::<f64>() / probes as f64;
+    drop(held);
 
     let before = resident_bytes();
     let config = PoolConfig {
@@ -133,7 +152,11 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
         sandboxed,
         native,
         ratio,
+        component_bytes: plugin.size_bytes(),
+        load_ms,
         instantiate_ms,
+        linear_memory_bytes_per_instance,
+        resident_bytes_per_instance,
         resident_bytes_per_env,
         linear_memory_bytes_per_env: stats.memory_bytes as f64 / n as f64,
         failures,
@@ -203,10 +226,20 @@ impl Report {
             _ => s += "  native     (no native build of this plugin to compare with)\n",
         }
         s += &format!(
-            "  memory     {:.1} KiB resident per env, {:.1} KiB of linear memory per env\n  instantiate {:.2} ms per instance\n",
+            "  memory     {:.1} KiB resident per env, {:.1} KiB of linear memory per env\n",
             self.resident_bytes_per_env / 1024.0,
             self.linear_memory_bytes_per_env / 1024.0,
-            self.instantiate_ms
+        );
+        s += &format!(
+            "  instance   {:.2} ms to instantiate; {:.1} MiB of linear memory, {:.1} MiB resident before any env\n",
+            self.instantiate_ms,
+            self.linear_memory_bytes_per_instance / (1 << 20) as f64,
+            self.resident_bytes_per_instance / (1 << 20) as f64,
+        );
+        s += &format!(
+            "  load       {:.0} ms to read and compile the {:.1} MiB component (once per process)\n",
+            self.load_ms,
+            self.component_bytes as f64 / (1 << 20) as f64
         );
         if self.failures > 0 {
             s += &format!("  failures   {} env calls failed during the run\n", self.failures);
