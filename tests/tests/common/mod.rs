@@ -29,3 +29,21 @@ pub fn faulty(fault: &str, limits: SandboxLimits) -> Arc<Plugin> {
     assert!(path.exists(), "{} is missing: run `make test-plugins` first", path.display());
     Arc::new(Plugin::from_file_with(&path, limits).unwrap_or_else(|e| panic!("{fault}: {e:#}")))
 }
+
+/// A plugin or example that `make plugins` builds only when the Python or
+/// JavaScript toolchain installed: `None`, with a note, when it is missing;
+/// a failure under CI (`CI=true`), where `.ci/run` installs both.
+pub fn optional(kind: &str, name: &str) -> Option<Arc<Plugin>> {
+    let path = match kind {
+        "plugin" => dir("RAGEN_PLUGIN_DIR", "../target/plugins"),
+        _ => dir("RAGEN_EXAMPLE_DIR", "../target/examples"),
+    }
+    .join(format!("{name}.wasm"));
+    if !path.exists() {
+        let why = format!("{} is missing: `make plugins` skipped it (see its warning: no Python or Node toolchain?)", path.display());
+        assert!(std::env::var_os("CI").is_none(), "{why}");
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(Arc::new(Plugin::from_file(&path).unwrap_or_else(|e| panic!("{name}: {e:#}"))))
+}
