@@ -73,6 +73,29 @@ pub struct TokenView {
     pub turn_starts: Vec<usize>,
 }
 
+impl TokenView {
+    /// Keep only the last `n` tokens, as a model with a context of `n` can
+    /// read them. A turn whose reply would lose its beginning is dropped from
+    /// training (its tokens stay as context, with mask 0): the grammar's
+    /// states, and so the learner's masks, are defined from a reply's start.
+    /// Returns whether anything was cut.
+    pub fn keep_last(&mut self, n: usize) -> bool {
+        let Some(cut) = self.tokens.len().checked_sub(n).filter(|&c| c > 0) else { return false };
+        self.tokens.drain(..cut);
+        self.loss_mask.drain(..cut);
+        self.logprobs.drain(..cut);
+        // Sampled tokens before the first turn that starts inside the window
+        // belong to a cut turn.
+        let first_whole = self.turn_starts.iter().position(|&s| s >= cut).unwrap_or(self.turn_starts.len());
+        let keep_from = self.turn_starts.get(first_whole).map_or(self.tokens.len(), |&s| s - cut);
+        for m in &mut self.loss_mask[..keep_from] {
+            *m = 0;
+        }
+        self.turn_starts = self.turn_starts[first_whole..].iter().map(|&s| s - cut).collect();
+        true
+    }
+}
+
 impl Trajectory {
     /// Lay the conversation out as tokens: each message's role header and
     /// text; in assistant messages the pre-fill is context (mask 0) and the
@@ -125,4 +148,35 @@ pub fn read_jsonl(input: &mut dyn BufRead) -> Result<Vec<Trajectory>> {
         out.push(serde_json::from_str(&line).with_context(|| format!("line {}: not a trajectory", i + 1))?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenView;
+
+    /// Twenty tokens; two replies: 5..11 and 14..17.
+    fn view() -> TokenView {
+        let loss_mask: Vec<u8> = (0..20).map(|i| ((5..11).contains(&i) || (14..17).contains(&i)) as u8).collect();
+        let logprobs = loss_mask.iter().map(|&m| -(m as f32)).collect();
+        TokenView { tokens: (0..20).collect(), loss_mask, logprobs, turn_starts: vec![5, 14] }
+    }
+
+    #[test]
+    fn keep_last_cuts_from_the_left_and_drops_a_reply_that_lost_its_start() {
+        let mut v = view();
+        assert!(!v.keep_last(20), "nothing to cut");
+        assert!(!v.keep_last(64));
+
+        assert!(v.keep_last(13)); // cut 7: the first reply loses tokens 5 and 6
+        assert_eq!(v.tokens, (7..20).collect::<Vec<u32>>());
+        assert_eq!(v.turn_starts, vec![14 - 7]);
+        let trained: Vec<u32> = v.tokens.iter().zip(&v.loss_mask).filter(|(_, m)| **m == 1).map(|(t, _)| *t).collect();
+        assert_eq!(trained, vec![14, 15, 16], "only the whole reply is still trained on");
+        assert_eq!(v.logprobs.len(), 13);
+
+        let mut v = view();
+        assert!(v.keep_last(15)); // cut 5: both replies whole
+        assert_eq!(v.turn_starts, vec![0, 9]);
+        assert_eq!(v.loss_mask.iter().filter(|&&m| m == 1).count(), 9);
+    }
 }

@@ -40,6 +40,11 @@ pub struct StepMetrics {
     /// KL to the frozen initial policy (0 unless `kl_coef` is set).
     #[serde(default)]
     pub kl_to_reference: f32,
+    /// Trajectories of the update longer than the model's context (only
+    /// their last `max_seq_len` tokens were trained on); raise
+    /// `model.max_seq_len` if this is often above 0.
+    #[serde(default)]
+    pub truncated_trajectories: usize,
     pub response_tokens: f64,
     pub valid_action_ratio: f64,
     pub effective_action_ratio: f64,
@@ -226,6 +231,7 @@ pub fn train<B: AutodiffBackend>(
             clip_fraction: stats.clip_fraction,
             approx_kl: stats.approx_kl,
             kl_to_reference: stats.kl_to_reference,
+            truncated_trajectories: stats.truncated,
             response_tokens: before.response_tokens_mean,
             valid_action_ratio: before.valid_action_ratio,
             effective_action_ratio: before.effective_action_ratio,

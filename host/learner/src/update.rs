@@ -89,6 +89,9 @@ pub struct UpdateStats {
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
     pub agent_tokens: usize,
+    /// Trajectories longer than the model's context, of which only the last
+    /// `max_seq_len` tokens were trained on.
+    pub truncated: usize,
 }
 
 /// One trajectory laid out for the update.
@@ -181,8 +184,12 @@ where
         //    grammar's mask at each of them, and their sampling log-probs.
         let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
         let mut values_seen: Vec<Vec<f32>> = vec![];
+        let mut truncated = 0;
         for t in batch {
-            let view = t.token_view(tokenizer);
+            let mut view = t.token_view(tokenizer);
+            // Sampling read each turn's last `max_seq_len - reply budget`
+            // tokens; the update reads the conversation's last `max_seq_len`.
+            truncated += view.keep_last(model.max_seq_len()) as usize;
             let agent: Vec<usize> = (0..view.tokens.len()).filter(|&i| view.loss_mask[i] == 1).collect();
             if agent.is_empty() {
                 continue;
@@ -335,6 +342,7 @@ where
             kl_to_reference: scalar(kl),
             grad_norm: norm as f32,
             agent_tokens: n,
+            truncated,
         })
     }
 }

@@ -21,6 +21,10 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
     /// How many sequences of `len` tokens one pass should hold at most, to
     /// keep memory in bounds (the learner splits its batch accordingly).
     fn rows_per_pass(&self, len: usize) -> usize;
+
+    /// The longest sequence it can read; the learner keeps the last this
+    /// many tokens of a longer conversation.
+    fn max_seq_len(&self) -> usize;
 }
 
 impl<B: Backend> PolicyNetwork<B> for crate::PolicyModel<B> {
@@ -33,5 +37,9 @@ impl<B: Backend> PolicyNetwork<B> for crate::PolicyModel<B> {
     /// a CPU.
     fn rows_per_pass(&self, len: usize) -> usize {
         ((4 << 20) / (self.n_heads() * len * len).max(1)).max(1)
+    }
+
+    fn max_seq_len(&self) -> usize {
+        crate::PolicyModel::max_seq_len(self)
     }
 }
