@@ -144,8 +144,8 @@ class Env {
     this.done = success || this.moves >= this.maxMoves || !this.canMove();
     return {
       observation: this.render(),
-      // The merged value, scaled so that the whole climb to the target is
-      // worth about 1; reaching the target adds 1.
+      // The merged value over the target (the merge that makes the target
+      // earns 1), plus 1 for reaching it: dense enough to learn from.
       reward: (changed ? merged : 0) / this.target + (success ? 1 : 0),
       done: this.done,
       info: {

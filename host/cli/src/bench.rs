@@ -45,11 +45,12 @@ pub struct Report {
     pub load_ms: f64,
     /// Mean time to create one plugin instance, in milliseconds.
     pub instantiate_ms: f64,
-    /// Linear memory of one fresh instance holding no env, in bytes: the
-    /// language runtime's own footprint (CPython, a JS engine, or next to
-    /// nothing for Rust).
+    /// Linear memory of one instance running one env, in bytes: mostly the
+    /// language runtime's own heap (CPython, a JS engine; about 1 MiB of
+    /// stack and data for Rust).
     pub linear_memory_bytes_per_instance: f64,
-    /// Growth of this process's resident memory per fresh instance, in bytes.
+    /// Growth of this process's resident memory per instance running one
+    /// env, in bytes: the pages that instance really touched.
     pub resident_bytes_per_instance: f64,
     /// Growth of this process's resident memory per env, in bytes.
     pub resident_bytes_per_env: f64,
@@ -92,9 +93,17 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
         drop(plugin.instantiate()?);
     }
     let instantiate_ms = t.elapsed().as_secs_f64() * 1e3 / probes as f64;
-    // Instances held at once: what each costs before it holds any env.
+    // Instances held at once, each running one episode: what an instance
+    // costs once its runtime has woken (memory images are copy-on-write, so
+    // an untouched instance costs next to nothing).
     let before = resident_bytes();
-    let held = (0..probes).map(|_| plugin.instantiate()).collect::<Result<Vec<_>, _>>()?;
+    let mut held = Vec::with_capacity(probes);
+    for seed in 0..probes as u64 {
+        let mut inst = plugin.instantiate()?;
+        let env = inst.create(&opts.settings)?.map_err(|e| anyhow!("the plugin rejected the settings: {}", e.message))?;
+        inst.reset(env, seed)?.map_err(|e| anyhow!("reset failed: {}", e.message))?;
+        held.push(inst);
+    }
     let resident_bytes_per_instance = resident_bytes().saturating_sub(before) as f64 / probes as f64;
     let linear_memory_bytes_per_instance = held.iter().map(|i| i.memory_bytes() as f64).sum::<f64>() / probes as f64;
     drop(held);
@@ -231,7 +240,7 @@ impl Report {
             self.linear_memory_bytes_per_env / 1024.0,
         );
         s += &format!(
-            "  instance   {:.2} ms to instantiate; {:.1} MiB of linear memory, {:.1} MiB resident before any env\n",
+            "  instance   {:.2} ms to instantiate; with one env: {:.1} MiB of linear memory, {:.2} MiB resident\n",
             self.instantiate_ms,
             self.linear_memory_bytes_per_instance / (1 << 20) as f64,
             self.resident_bytes_per_instance / (1 << 20) as f64,
