@@ -46,6 +46,9 @@ impl Environment for Faulty {
             panic!("deliberate trap in reset (seed {seed})");
         }
         (self.seed, self.count, self.steps) = (seed, seed % 10, 0);
+        if cfg!(feature = "reach-outside") && strikes(seed) {
+            return Ok(reach_outside());
+        }
         Ok(self.render())
     }
 
@@ -56,6 +59,10 @@ impl Environment for Faulty {
                 loop {
                     i = black_box(i.wrapping_add(1));
                 }
+            }
+            if cfg!(feature = "reach-outside") {
+                // Waits on a clock that stands still: must trap, not hang.
+                std::thread::sleep(std::time::Duration::from_secs(30));
             }
             if cfg!(feature = "grow-memory") {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
@@ -81,3 +88,18 @@ impl Environment for Faulty {
 }
 
 export_env!(Faulty);
+
+/// Everything a plugin might try to learn from outside, as one line the
+/// host's tests read: whether files and the network were reachable, how many
+/// environment variables there were, the clock, and a hash keyed by WASI's
+/// randomness (the same in every instance if that randomness is fixed).
+fn reach_outside() -> String {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let files = std::fs::read_dir("/").is_ok() || std::fs::read("/etc/hostname").is_ok();
+    let net = std::net::TcpStream::connect("127.0.0.1:9").is_ok();
+    let env = std::env::vars().count();
+    let time = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(u64::MAX);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    "ragen".hash(&mut hasher);
+    format!("files:{files} net:{net} env:{env} time:{time} hash:{}", hasher.finish())
+}
