@@ -87,7 +87,10 @@ js-plugins:
 	  (cd env-plugins/game-2048 && $(JCO) env.js $(JCO_FLAGS) -o $(CURDIR)/$(PLUGIN_DIR)/2048.wasm >/dev/null) && \
 	  echo "  built $(PLUGIN_DIR)/2048.wasm (JavaScript, $$(wc -c < $(PLUGIN_DIR)/2048.wasm) bytes)" && \
 	  (cd examples/corridor-js && $(JCO) env.js $(JCO_FLAGS) -o $(CURDIR)/$(EXAMPLE_DIR)/corridor-js.wasm >/dev/null) && \
-	  echo "  built $(EXAMPLE_DIR)/corridor-js.wasm (the JavaScript authoring example)"; \
+	  echo "  built $(EXAMPLE_DIR)/corridor-js.wasm (the JavaScript authoring example)" && \
+	  mkdir -p $(TEST_PLUGIN_DIR) && \
+	  (cd examples/corridor-js && $(JCO) env.js --wit $(CURDIR)/wit --world-name env-plugin -o $(CURDIR)/$(TEST_PLUGIN_DIR)/corridor-js-with-http.wasm >/dev/null) && \
+	  echo "  built $(TEST_PLUGIN_DIR)/corridor-js-with-http.wasm (imports wasi:http, which the host does not link)"; \
 	else \
 	  echo "warning: the JavaScript plugin toolchain could not be installed (node and npm, then npm ci in $(JS_TOOLCHAIN));" >&2; \
 	  echo "warning: skipping 2048.wasm and corridor-js.wasm; the Rust plugins are unaffected" >&2; \
