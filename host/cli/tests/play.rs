@@ -2,23 +2,7 @@
 
 mod common;
 
-use common::plugin;
-use std::io::Write;
-use std::process::{Command, Stdio};
-
-fn play(args: &[&str], keys: &str) -> (bool, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ragen-host"))
-        .arg("play")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(keys.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-}
+use common::{play, plugin};
 
 #[test]
 fn a_person_solves_a_fixed_sokoban_level() {

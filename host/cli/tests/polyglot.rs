@@ -5,8 +5,6 @@
 mod common;
 
 use common::{optional, ragen_host, scratch, text};
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 #[test]
 fn the_python_and_javascript_plugins_and_every_guide_example_pass_validate() {
@@ -21,19 +19,9 @@ fn the_python_and_javascript_plugins_and_every_guide_example_pass_validate() {
 }
 
 fn play(file: &std::path::Path, args: &[&str], keys: &str) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ragen-host"))
-        .arg("play")
-        .arg(file)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(keys.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let screen = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{screen}");
+    let args: Vec<&str> = std::iter::once(file.to_str().unwrap()).chain(args.iter().copied()).collect();
+    let (ok, screen) = common::play(&args, keys);
+    assert!(ok, "{screen}");
     screen
 }
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 fn dir(var: &str, default: &str) -> PathBuf {
@@ -56,4 +57,20 @@ pub fn ragen_host(args: &[&str]) -> Output {
 
 pub fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// `ragen-host play ARGS`, typing `keys` at it; whether it exited cleanly,
+/// and everything it showed.
+pub fn play(args: &[&str], keys: &str) -> (bool, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ragen-host"))
+        .arg("play")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(keys.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
