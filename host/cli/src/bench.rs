@@ -87,25 +87,29 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
     let info = plugin.instantiate()?.info()?;
     let half = Duration::from_secs_f64(opts.seconds / 2.0);
 
-    let t = Instant::now();
-    let probes = 16;
-    for _ in 0..probes {
-        drop(plugin.instantiate()?);
-    }
-    let instantiate_ms = t.elapsed().as_secs_f64() * 1e3 / probes as f64;
     // Instances held at once, each running one episode: what an instance
     // costs once its runtime has woken (memory images are copy-on-write, so
-    // an untouched instance costs next to nothing).
+    // an untouched instance costs next to nothing). Only `instantiate` is
+    // timed.
+    let probes = 16;
     let before = resident_bytes();
     let mut held = Vec::with_capacity(probes);
+    let mut instantiating = Duration::ZERO;
     for seed in 0..probes as u64 {
+        let t = Instant::now();
         let mut inst = plugin.instantiate()?;
+        instantiating += t.elapsed();
         let env = inst.create(&opts.settings)?.map_err(|e| anyhow!("the plugin rejected the settings: {}", e.message))?;
         inst.reset(env, seed)?.map_err(|e| anyhow!("reset failed: {}", e.message))?;
-        held.push(inst);
+        held.push((inst, env));
     }
+    let instantiate_ms = instantiating.as_secs_f64() * 1e3 / probes as f64;
     let resident_bytes_per_instance = resident_bytes().saturating_sub(before) as f64 / probes as f64;
-    let linear_memory_bytes_per_instance = held.iter().map(|i| i.memory_bytes() as f64).sum::<f64>() / probes as f64;
+    let linear_memory_bytes_per_instance = held.iter().map(|(i, _)| i.memory_bytes() as f64).sum::<f64>() / probes as f64;
+    let num_actions = {
+        let (inst, env) = &mut held[0];
+        inst.spec(*env)?.actions.len()
+    };
     drop(held);
 
     let before = resident_bytes();
@@ -117,11 +121,6 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
     };
     let pool = EnvPool::new(plugin.clone(), &config)?;
     let stats = pool.stats()?;
-    let num_actions = {
-        let mut inst = plugin.instantiate()?;
-        let env = inst.create(&opts.settings)?.map_err(|e| anyhow!("the plugin rejected the settings: {}", e.message))?;
-        inst.spec(env)?.actions.len()
-    };
     let n = opts.envs;
     let mut failures = 0;
     let resets = rate(half, |round| {
