@@ -28,11 +28,21 @@ pub struct ModelSection {
     pub n_layers: usize,
     pub n_heads: usize,
     pub max_seq_len: usize,
+    /// `"rotary"` (RoPE) or `"learned"` (an embedding per absolute position).
+    pub positions: Positions,
+}
+
+/// How the model knows where a token sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Positions {
+    Learned,
+    Rotary,
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
-        Self { d_model: 64, n_layers: 2, n_heads: 4, max_seq_len: 2048 }
+        Self { d_model: 64, n_layers: 2, n_heads: 4, max_seq_len: 2048, positions: Positions::Learned }
     }
 }
 
@@ -71,6 +81,14 @@ pub struct PpoSection {
     pub lr: Option<f64>,
     pub weight_decay: Option<f32>,
     pub rollout_filter_ratio: Option<f64>,
+    /// Weight of the auxiliary next-observation loss (0: off, as in the
+    /// reference).
+    pub world_model_coef: Option<f64>,
+    /// Passes over each (filtered) batch; 1 by default.
+    pub ppo_epochs: Option<usize>,
+    /// Trajectories per optimizer step; 0 (the default) takes the whole
+    /// batch in one step.
+    pub ppo_mini_batch_size: Option<usize>,
 }
 
 /// The whole run.
@@ -165,6 +183,12 @@ impl TrainConfig {
         u.lr = p.lr.unwrap_or(u.lr);
         u.weight_decay = p.weight_decay.unwrap_or(u.weight_decay);
         u.temperature = self.sampling.temperature;
+        u.epochs = p.ppo_epochs.unwrap_or(u.epochs);
+        u.world_model_coef = p.world_model_coef.unwrap_or(u.world_model_coef);
+        u.mini_batch_size = p.ppo_mini_batch_size.unwrap_or(u.mini_batch_size);
+        if u.epochs == 0 {
+            anyhow::bail!("ppo.ppo_epochs 0: use at least 1 pass over each batch");
+        }
         let kl_coef = p.kl_coef.unwrap_or(kl);
         let rollout_filter_ratio = p.rollout_filter_ratio.unwrap_or(filter);
         if !(rollout_filter_ratio > 0.0 && rollout_filter_ratio <= 1.0) {

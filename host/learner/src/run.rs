@@ -45,6 +45,12 @@ pub struct StepMetrics {
     /// `model.max_seq_len` if this is often above 0.
     #[serde(default)]
     pub truncated_trajectories: usize,
+    /// The auxiliary next-observation loss (0 when it is off).
+    #[serde(default)]
+    pub world_model_loss: f32,
+    /// AdamW steps this step took (`ppo_epochs` x mini-batches).
+    #[serde(default)]
+    pub optimizer_steps: usize,
     pub response_tokens: f64,
     pub valid_action_ratio: f64,
     pub effective_action_ratio: f64,
@@ -108,9 +114,7 @@ impl CollapseAlarm {
         if n < 2 * Self::WINDOW {
             return None;
         }
-        let mean = |r: std::ops::Range<usize>, f: &dyn Fn(&(f64, f32, f64)) -> f64| {
-            self.history[r.clone()].iter().map(f).sum::<f64>() / r.len() as f64
-        };
+        let mean = |r: std::ops::Range<usize>, f: &dyn Fn(&(f64, f32, f64)) -> f64| self.history[r.clone()].iter().map(f).sum::<f64>() / r.len() as f64;
         let (old, new) = (n - 2 * Self::WINDOW..n - Self::WINDOW, n - Self::WINDOW..n);
         let std_drop = mean(new.clone(), &|h| h.0) < 0.7 * mean(old.clone(), &|h| h.0);
         let ent_drop = mean(new.clone(), &|h| h.1 as f64) < 0.7 * mean(old.clone(), &|h| h.1 as f64);
@@ -152,8 +156,7 @@ pub fn train<B: AutodiffBackend>(
     let mut start = 0;
     if resume {
         let state: CheckpointState = serde_json::from_str(
-            &std::fs::read_to_string(dir.checkpoint().join("state.json"))
-                .with_context(|| format!("no checkpoint to resume in `{}`", out.display()))?,
+            &std::fs::read_to_string(dir.checkpoint().join("state.json")).with_context(|| format!("no checkpoint to resume in `{}`", out.display()))?,
         )
         .context("the checkpoint's state.json is damaged")?;
         learner.load(&dir.checkpoint())?;
@@ -185,8 +188,7 @@ pub fn train<B: AutodiffBackend>(
         let rollout_seconds = clock.elapsed().as_secs_f64();
         let before = summarize(&ts);
 
-        let group_rewards: Vec<Vec<f32>> =
-            (0..groups.len()).map(|g| ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()).collect();
+        let group_rewards: Vec<Vec<f32>> = (0..groups.len()).map(|g| ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()).collect();
         let kept = filter.keep(&group_rewards);
         let batch: Vec<&Trajectory> = ts.iter().filter(|t| kept.contains(&t.group)).collect();
         let std_after = kept.iter().map(|&g| std(&group_rewards[g]) as f64).sum::<f64>() / kept.len().max(1) as f64;
@@ -232,6 +234,8 @@ pub fn train<B: AutodiffBackend>(
             approx_kl: stats.approx_kl,
             kl_to_reference: stats.kl_to_reference,
             truncated_trajectories: stats.truncated,
+            optimizer_steps: stats.optimizer_steps,
+            world_model_loss: stats.world_model_loss,
             response_tokens: before.response_tokens_mean,
             valid_action_ratio: before.valid_action_ratio,
             effective_action_ratio: before.effective_action_ratio,
@@ -287,11 +291,7 @@ fn save_checkpoint<B: AutodiffBackend>(learner: &Learner<B>, dir: &RunDir, step:
 
 /// The tokenizer, grammar, model and learner a config describes for an env
 /// (freshly initialised; training and evaluation share this).
-pub fn build_learner<B: AutodiffBackend>(
-    config: &TrainConfig,
-    spec: &ragen_runtime::EnvSpec,
-    device: B::Device,
-) -> Result<(Learner<B>, PluginTokenizer)> {
+pub fn build_learner<B: AutodiffBackend>(config: &TrainConfig, spec: &ragen_runtime::EnvSpec, device: B::Device) -> Result<(Learner<B>, PluginTokenizer)> {
     let resolved = config.resolve()?;
     let tokenizer = PluginTokenizer::with_text(spec, &config.agent.prompt.texts());
     let limits = config.agent.rollout.limits(spec);
@@ -302,16 +302,13 @@ pub fn build_learner<B: AutodiffBackend>(
         .with_n_layers(m.n_layers)
         .with_n_heads(m.n_heads)
         .with_max_seq_len(m.max_seq_len)
+        .with_rotary(m.positions == crate::config::Positions::Rotary)
         .init::<B>(&device);
     Ok((Learner::new(model, grammar, resolved.update, device), tokenizer))
 }
 
 /// Load a trained policy from a run directory for evaluation.
-pub fn load_policy<B: AutodiffBackend>(
-    run: &Path,
-    spec: &ragen_runtime::EnvSpec,
-    device: B::Device,
-) -> Result<(TrainConfig, Learner<B>, PluginTokenizer)> {
+pub fn load_policy<B: AutodiffBackend>(run: &Path, spec: &ragen_runtime::EnvSpec, device: B::Device) -> Result<(TrainConfig, Learner<B>, PluginTokenizer)> {
     let dir = RunDir(run.to_path_buf());
     let config = TrainConfig::load(&dir.config())?;
     let (mut learner, tokenizer) = build_learner::<B>(&config, spec, device)?;

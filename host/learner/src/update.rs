@@ -1,16 +1,18 @@
 //! One StarPO update on a batch of trajectories, top to bottom:
 //!
 //! 1. lay each trajectory out as tokens (the policy's own tokens for its
-//!    replies) and run the model over it once, with gradients;
-//! 2. read off, at every agent token, the log-probability under the grammar
-//!    mask and temperature the reply was sampled with, the critic's value
-//!    and the entropy;
+//!    replies), with the grammar's mask at each agent token;
+//! 2. one pass without gradients: the critic's values before the update
+//!    (and the frozen reference's log-probs when the KL term is on);
 //! 3. advantages: GAE over the agent tokens with the trajectory reward on
 //!    the last one (PPO), or the group-normalised reward (GRPO); whitened
 //!    over the batch;
-//! 4. loss = clipped surrogate + value_coef · clipped value loss
-//!    − entropy_coef · entropy (token means);
-//! 5. global gradient norm, clipped to `max_grad_norm`; AdamW step.
+//! 4. `epochs` passes over the batch in mini-batches, one AdamW step each:
+//!    loss = clipped surrogate + value_coef · clipped value loss
+//!    − entropy_coef · entropy (+ kl_coef · KL) (+ world_model_coef ·
+//!    next-observation loss), token means, with the
+//!    log-probs under the same mask and temperature the reply was sampled
+//!    with; the global gradient norm is clipped to `max_grad_norm`.
 
 use crate::advantages::{gae, grpo};
 use crate::loss::{Clip, kl_to_reference, masked_log_softmax, masked_mean, policy_loss, value_loss};
@@ -23,6 +25,7 @@ use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::Trajectory;
+use ragen_env_sdk::SeedRng;
 use ragen_policy::{AnswerGrammar, PluginTokenizer, PolicyModel, PolicyNetwork};
 use std::path::Path;
 
@@ -54,6 +57,18 @@ pub struct UpdateConfig {
     pub weight_decay: f32,
     /// The temperature replies were sampled at.
     pub temperature: f64,
+    /// Weight of the auxiliary world-model loss: predicting what the env
+    /// wrote back (next states, rewards) from the conversation so far, an
+    /// ordinary language-model loss on the observation tokens. A model
+    /// trained from scratch has no prior for reading the rendered grid; this
+    /// dense signal makes its trunk learn where things are and how actions
+    /// move them. 0 turns it off (the reference has no such term).
+    pub world_model_coef: f64,
+    /// Passes over each batch (verl's `ppo_epochs`).
+    pub epochs: usize,
+    /// Trajectories per optimizer step (verl's `ppo_mini_batch_size`); 0
+    /// takes the whole batch in one step.
+    pub mini_batch_size: usize,
 }
 
 impl Default for UpdateConfig {
@@ -72,6 +87,9 @@ impl Default for UpdateConfig {
             lr: 1e-3,
             weight_decay: 0.01,
             temperature: 1.0,
+            world_model_coef: 0.0,
+            epochs: 1,
+            mini_batch_size: 0,
         }
     }
 }
@@ -86,12 +104,17 @@ pub struct UpdateStats {
     pub approx_kl: f32,
     /// KL(policy ‖ frozen reference), k3 estimate; 0 when `kl_coef` is 0.
     pub kl_to_reference: f32,
+    /// Mean −log p of the tokens the env wrote after the first reply
+    /// (0 when `world_model_coef` is 0).
+    pub world_model_loss: f32,
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
     pub agent_tokens: usize,
     /// Trajectories longer than the model's context, of which only the last
     /// `max_seq_len` tokens were trained on.
     pub truncated: usize,
+    /// AdamW steps taken (epochs × mini-batches, less skipped ones).
+    pub optimizer_steps: usize,
 }
 
 /// One trajectory laid out for the update.
@@ -103,6 +126,9 @@ struct Row<'a> {
     /// The grammar's mask at each agent token, `[agent.len() · vocab]`.
     allowed: Vec<bool>,
     old_logp: Vec<f32>,
+    /// Positions of what the env wrote after the agent's first reply (the
+    /// next states, rewards, turn headers): the world-model targets.
+    observed: Vec<usize>,
 }
 
 /// The network being trained (any [`PolicyNetwork`]; our transformer by
@@ -160,9 +186,7 @@ where
             Err(e) => bail!("cannot read the model from `{}`: {e}", dir.display()),
         };
         self.model = Some(model);
-        let record = recorder
-            .load(dir.join("optimizer"), &self.device)
-            .with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
+        let record = recorder.load(dir.join("optimizer"), &self.device).with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
         self.optimizer = self.optimizer.clone().load_record(record);
         if let Some(reference) = self.reference.take() {
             let device = self.device.clone();
@@ -174,22 +198,23 @@ where
         Ok(())
     }
 
-    /// One update on `batch` (already filtered).
+    /// One update on `batch` (already filtered): `epochs` passes over it,
+    /// each in mini-batches of `mini_batch_size` trajectories, one AdamW
+    /// step per mini-batch. Advantages come from the values before the
+    /// first step, as in PPO.
     pub fn update(&mut self, batch: &[&Trajectory], tokenizer: &PluginTokenizer) -> Result<UpdateStats> {
         let cfg = self.config;
-        let model = self.model.take().expect("model present");
         let vocab = tokenizer.vocab_size();
 
         // 1. Lay out each trajectory: its tokens, where the agent's are, the
         //    grammar's mask at each of them, and their sampling log-probs.
         let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
-        let mut values_seen: Vec<Vec<f32>> = vec![];
         let mut truncated = 0;
         for t in batch {
             let mut view = t.token_view(tokenizer);
             // Sampling read each turn's last `max_seq_len - reply budget`
             // tokens; the update reads the conversation's last `max_seq_len`.
-            truncated += view.keep_last(model.max_seq_len()) as usize;
+            truncated += view.keep_last(self.model().max_seq_len()) as usize;
             let agent: Vec<usize> = (0..view.tokens.len()).filter(|&i| view.loss_mask[i] == 1).collect();
             if agent.is_empty() {
                 continue;
@@ -204,146 +229,266 @@ where
                 }
             }
             let old_logp = agent.iter().map(|&i| view.logprobs[i]).collect();
-            rows.push(Row { trajectory: t, tokens: view.tokens, agent, allowed, old_logp });
+            let first_reply = view.turn_starts.first().copied().unwrap_or(view.tokens.len());
+            let observed = (first_reply..view.tokens.len()).filter(|&i| view.loss_mask[i] == 0).collect();
+            rows.push(Row { trajectory: t, tokens: view.tokens, agent, allowed, old_logp, observed });
         }
         if rows.is_empty() {
-            self.model = Some(model);
             bail!("no agent tokens in the batch to learn from");
         }
 
-        // 2. Forward passes over right-padded chunks (padding sits after each
-        //    row's last token, so the causal mask already hides it); read
-        //    off the agent tokens' log-probs, values and entropies, and the
-        //    frozen reference's log-probs when the KL term is on.
-        let (mut logps, mut values, mut entropies, mut ref_logps) = (vec![], vec![], vec![], vec![]);
-        let mut rest = &rows[..];
-        while !rest.is_empty() {
-            let mut c = 1;
-            while c < rest.len() {
-                let len = rest[..=c].iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-                if c + 1 > model.rows_per_pass(len) {
-                    break;
-                }
-                c += 1;
-            }
-            let (chunk, tail) = rest.split_at(c);
-            rest = tail;
-            let l = chunk.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-            let ids: Vec<i64> = chunk
-                .iter()
-                .flat_map(|r| r.tokens.iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, l - r.tokens.len())))
-                .collect();
-            // Token i of row r is predicted at flat position r·l + i − 1.
-            let picks: Vec<i64> =
-                chunk.iter().enumerate().flat_map(|(r, row)| row.agent.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
-            let n = picks.len();
-            let picks = Tensor::<B, 1, Int>::from_data(TensorData::new(picks, [n]), &self.device);
-            let allowed: Vec<bool> = chunk.iter().flat_map(|r| r.allowed.iter().copied()).collect();
-            let allowed = Tensor::<B, 2, Bool>::from_data(TensorData::new(allowed, [n, vocab]), &self.device);
-            let taken: Vec<i64> = chunk.iter().flat_map(|r| r.agent.iter().map(|&i| r.tokens[i] as i64)).collect();
-            let taken = Tensor::<B, 2, Int>::from_data(TensorData::new(taken, [n, 1]), &self.device);
-            let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), &self.device);
-
-            let (logits, vals) = model.logits_and_values(ids.clone()); // [c, l, v], [c, l]
-            let logits = logits.reshape([chunk.len() * l, vocab]).select(0, picks.clone()); // [n, v]
-            let logp_all = masked_log_softmax(logits, allowed.clone(), cfg.temperature); // [n, v]
-            logps.push(logp_all.clone().gather(1, taken.clone()).reshape([n]));
-            entropies.push(crate::loss::entropy(logp_all));
-            values.push(vals.reshape([chunk.len() * l]).select(0, picks.clone())); // [n]
+        // 2. The critic's values before any step (and the frozen reference's
+        //    log-probs when the KL term is on), without gradients.
+        let frozen = self.model().valid();
+        let mut old_values: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
+        let mut ref_logps: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
+        let every: Vec<&Row> = rows.iter().collect();
+        for chunk in passes(&every, |len| frozen.rows_per_pass(len)) {
+            let s = score(&frozen, chunk, vocab, cfg.temperature, false, &self.device);
+            split_rows(&mut old_values, chunk, &floats_of(s.values));
             if let Some(reference) = &self.reference {
-                let inner = |t: Tensor<B, 2, Int>| t.inner();
-                let (logits, _) = reference.logits_and_values(inner(ids));
-                let logits = logits.reshape([chunk.len() * l, vocab]).select(0, picks.inner());
-                let logp_all = masked_log_softmax(logits, allowed.inner(), cfg.temperature);
-                ref_logps.push(logp_all.gather(1, taken.inner()).reshape([n]));
+                let r = score(reference, chunk, vocab, cfg.temperature, false, &self.device);
+                split_rows(&mut ref_logps, chunk, &floats_of(r.logp));
             }
         }
-        let value_tensor = Tensor::cat(values, 0);
-        let flat_values = value_tensor.clone().into_data().convert::<f32>().to_vec::<f32>().expect("f32 values");
-        let mut at = 0;
-        for r in &rows {
-            values_seen.push(flat_values[at..at + r.agent.len()].to_vec());
-            at += r.agent.len();
-        }
-        let old_logps: Vec<Vec<f32>> = rows.iter().map(|r| r.old_logp.clone()).collect();
-        let kept: Vec<&Trajectory> = rows.iter().map(|r| r.trajectory).collect();
-        let seen: Vec<&Vec<f32>> = values_seen.iter().collect();
 
-        // 3. Advantages and returns, then whitening over the batch.
-        let mut advantages: Vec<f32> = vec![];
-        let mut returns: Vec<f32> = vec![];
+        // 3. Advantages and returns per agent token, then whitening over the
+        //    batch.
+        let (mut advantages, mut returns): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (vec![], vec![]);
         match cfg.estimator {
             Estimator::Gae => {
-                for (t, v) in kept.iter().zip(&seen) {
+                for (r, v) in rows.iter().zip(&old_values) {
                     let mut rewards = vec![0.0; v.len()];
-                    *rewards.last_mut().unwrap() = t.reward as f32;
-                    let (a, r) = gae(&rewards, v, cfg.gamma, cfg.lambda);
-                    advantages.extend(a);
-                    returns.extend(r);
+                    *rewards.last_mut().expect("rows have agent tokens") = r.trajectory.reward as f32;
+                    let (a, ret) = gae(&rewards, v, cfg.gamma, cfg.lambda);
+                    advantages.push(a);
+                    returns.push(ret);
                 }
             }
             Estimator::Grpo => {
-                let rewards: Vec<f32> = kept.iter().map(|t| t.reward as f32).collect();
-                let groups: Vec<usize> = kept.iter().map(|t| t.group).collect();
-                for ((a, v), t) in grpo(&rewards, &groups, 1e-6).into_iter().zip(&seen).zip(&kept) {
-                    advantages.extend(std::iter::repeat_n(a, v.len()));
-                    returns.extend(std::iter::repeat_n(t.reward as f32, v.len()));
+                let rewards: Vec<f32> = rows.iter().map(|r| r.trajectory.reward as f32).collect();
+                let groups: Vec<usize> = rows.iter().map(|r| r.trajectory.group).collect();
+                for (a, r) in grpo(&rewards, &groups, 1e-6).into_iter().zip(&rows) {
+                    advantages.push(vec![a; r.agent.len()]);
+                    returns.push(vec![r.trajectory.reward as f32; r.agent.len()]);
                 }
             }
         }
-        let n = advantages.len();
-        let mean = advantages.iter().sum::<f32>() / n as f32;
-        let std = (advantages.iter().map(|a| (a - mean).powi(2)).sum::<f32>() / n as f32).sqrt();
-        for a in &mut advantages {
+        let all: Vec<f32> = advantages.concat();
+        let n = all.len() as f32;
+        let mean = all.iter().sum::<f32>() / n;
+        let std = (all.iter().map(|a| (a - mean).powi(2)).sum::<f32>() / n).sqrt();
+        for a in advantages.iter_mut().flatten() {
             *a = (*a - mean) / (std + 1e-8);
         }
 
-        // 4. The objective.
+        // 4. Epochs of mini-batch steps. The order is shuffled per epoch from
+        //    the batch's own seeds, so a resumed run replays it exactly.
+        let size = if cfg.mini_batch_size == 0 { rows.len() } else { cfg.mini_batch_size.min(rows.len()) };
+        let order_seed = rows.iter().fold(0u64, |h, r| ragen_runtime::next_seed(h ^ r.trajectory.seed ^ r.trajectory.env as u64));
+        let mut model = self.model.take().expect("model present");
+        let mut sums = UpdateStats::default();
+        let mut steps = 0usize;
+        for epoch in 0..cfg.epochs.max(1) {
+            let mut order: Vec<usize> = (0..rows.len()).collect();
+            if cfg.epochs > 1 || size < rows.len() {
+                let mut rng = SeedRng::stream(order_seed, epoch as u64);
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.below(i + 1));
+                }
+            }
+            for picked in order.chunks(size) {
+                let (m, st) = match self.step(model, &rows, picked, &advantages, &returns, &old_values, &ref_logps, vocab) {
+                    Ok(done) => done,
+                    Err((m, e)) => {
+                        self.model = Some(m);
+                        return Err(e);
+                    }
+                };
+                model = m;
+                sums.policy_loss += st.policy_loss;
+                sums.value_loss += st.value_loss;
+                sums.entropy += st.entropy;
+                sums.clip_fraction += st.clip_fraction;
+                sums.approx_kl += st.approx_kl;
+                sums.kl_to_reference += st.kl_to_reference;
+                sums.world_model_loss += st.world_model_loss;
+                sums.grad_norm += st.grad_norm;
+                steps += 1;
+            }
+        }
+        self.model = Some(model);
+        let k = steps.max(1) as f32;
+        Ok(UpdateStats {
+            policy_loss: sums.policy_loss / k,
+            value_loss: sums.value_loss / k,
+            entropy: sums.entropy / k,
+            clip_fraction: sums.clip_fraction / k,
+            approx_kl: sums.approx_kl / k,
+            kl_to_reference: sums.kl_to_reference / k,
+            world_model_loss: sums.world_model_loss / k,
+            grad_norm: sums.grad_norm / k,
+            agent_tokens: all.len(),
+            truncated,
+            optimizer_steps: steps,
+        })
+    }
+
+    /// One optimizer step on the rows `picked`:
+    /// loss = clipped surrogate + value_coef · clipped value loss
+    /// − entropy_coef · entropy + kl_coef · KL (token means); then the
+    /// global gradient norm, clipped to `max_grad_norm`, and AdamW. A
+    /// non-finite gradient skips the step and hands the model back unchanged.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn step(
+        &mut self,
+        model: M,
+        rows: &[Row],
+        picked: &[usize],
+        advantages: &[Vec<f32>],
+        returns: &[Vec<f32>],
+        old_values: &[Vec<f32>],
+        ref_logps: &[Vec<f32>],
+        vocab: usize,
+    ) -> std::result::Result<(M, UpdateStats), (M, anyhow::Error)> {
+        let cfg = self.config;
         let device = &self.device;
+        let mb: Vec<&Row> = picked.iter().map(|&i| &rows[i]).collect();
+        let (mut logps, mut values, mut entropies) = (vec![], vec![], vec![]);
+        let (mut wm_sum, mut wm_count) = (Tensor::<B, 1>::zeros([1], device), 0usize);
+        for chunk in passes(&mb, |len| model.rows_per_pass(len)) {
+            let s = score(&model, chunk, vocab, cfg.temperature, cfg.world_model_coef != 0.0, device);
+            logps.push(s.logp);
+            values.push(s.values);
+            entropies.push(s.entropy);
+            if let Some((sum, count)) = s.world_model {
+                wm_sum = wm_sum + sum;
+                wm_count += count;
+            }
+        }
+        // Token mean of the next-observation loss.
+        let wm = wm_sum / wm_count.max(1) as f64;
+        // Per-token inputs in the same order as the passes' outputs.
+        let gather = |xs: &[Vec<f32>]| picked.iter().flat_map(|&i| xs[i].iter().copied()).collect::<Vec<f32>>();
+        let old_logp: Vec<f32> = mb.iter().flat_map(|r| r.old_logp.iter().copied()).collect();
+        let n = old_logp.len();
         let floats = |xs: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(xs, [n]), device);
         let logp = Tensor::cat(logps, 0);
-        let logp_for_kl = logp.clone();
-        let value = value_tensor;
-        let entropy = Tensor::cat(entropies, 0);
         let mask = Tensor::<B, 1>::ones([n], device);
-        let old_values: Vec<f32> = seen.iter().flat_map(|v| v.iter().copied()).collect();
-        let pg = policy_loss(logp, floats(old_logps.concat()), floats(advantages), mask.clone(), cfg.clip);
-        let vl = value_loss(value, floats(old_values), floats(returns), mask.clone(), cfg.value_clip);
-        let ent = masked_mean(entropy, mask.clone());
-        let kl = if ref_logps.is_empty() {
-            Tensor::<B, 1>::zeros([1], device)
-        } else {
-            kl_to_reference(logp_for_kl, Tensor::from_inner(Tensor::cat(ref_logps, 0)), mask.clone())
-        };
-        let loss = pg.loss.clone()
-            + vl.clone() * if cfg.estimator == Estimator::Gae { cfg.value_coef } else { 0.0 }
-            - ent.clone() * cfg.entropy_coef
-            + kl.clone() * cfg.kl_coef;
+        let pg = policy_loss(logp.clone(), floats(old_logp), floats(gather(advantages)), mask.clone(), cfg.clip);
+        let vl = value_loss(Tensor::cat(values, 0), floats(gather(old_values)), floats(gather(returns)), mask.clone(), cfg.value_clip);
+        let ent = masked_mean(Tensor::cat(entropies, 0), mask.clone());
+        let kl = if ref_logps.is_empty() { Tensor::<B, 1>::zeros([1], device) } else { kl_to_reference(logp, floats(gather(ref_logps)), mask) };
+        let loss = pg.loss.clone() + vl.clone() * if cfg.estimator == Estimator::Gae { cfg.value_coef } else { 0.0 } - ent.clone() * cfg.entropy_coef
+            + kl.clone() * cfg.kl_coef
+            + wm.clone() * cfg.world_model_coef;
 
-        // 5. Gradients, global norm, clip, step.
         let grads = loss.backward();
         let mut grads = GradientsParams::from_grads(grads, &model);
         let norm = global_norm(&model, &grads);
-        if norm.is_finite() && norm > cfg.max_grad_norm {
+        if !norm.is_finite() {
+            return Err((model, anyhow::anyhow!("the gradient norm is {norm}; the step was skipped and the model is unchanged by it")));
+        }
+        if norm > cfg.max_grad_norm {
             scale_grads(&model, &mut grads, cfg.max_grad_norm / norm);
         }
-        if !norm.is_finite() {
-            self.model = Some(model);
-            bail!("the gradient norm is {norm}; the update was skipped and the model is unchanged");
-        }
-        self.model = Some(self.optimizer.step(cfg.lr, model, grads));
+        let model = self.optimizer.step(cfg.lr, model, grads);
         let scalar = |t: Tensor<B, 1>| t.into_scalar().elem::<f32>();
-        Ok(UpdateStats {
+        let stats = UpdateStats {
             policy_loss: scalar(pg.loss),
             value_loss: scalar(vl),
             entropy: scalar(ent),
             clip_fraction: scalar(pg.clip_fraction),
             approx_kl: scalar(pg.approx_kl),
             kl_to_reference: scalar(kl),
+            world_model_loss: scalar(wm),
             grad_norm: norm as f32,
             agent_tokens: n,
-            truncated,
-        })
+            ..UpdateStats::default()
+        };
+        Ok((model, stats))
+    }
+}
+
+/// What one forward pass reads off at the agent tokens of its rows, in row
+/// order: log-probs of the sampled tokens under the grammar's mask and the
+/// temperature, the entropy of that distribution, and the critic's value.
+struct Scores<B: Backend> {
+    logp: Tensor<B, 1>,
+    entropy: Tensor<B, 1>,
+    values: Tensor<B, 1>,
+    /// Σ −log p(observed token) over the rows' observed tokens, and their
+    /// count, when asked for.
+    world_model: Option<(Tensor<B, 1>, usize)>,
+}
+
+/// One forward pass over `chunk`, right-padded (padding sits after each
+/// row's last token, so the causal mask already hides it).
+fn score<B: Backend, N: PolicyNetwork<B>>(net: &N, chunk: &[&Row], vocab: usize, temperature: f64, world_model: bool, device: &B::Device) -> Scores<B> {
+    let l = chunk.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+    let ids: Vec<i64> = chunk.iter().flat_map(|r| r.tokens.iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, l - r.tokens.len()))).collect();
+    // Token i of row r is predicted at flat position r·l + i − 1.
+    let picks: Vec<i64> = chunk.iter().enumerate().flat_map(|(r, row)| row.agent.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
+    let n = picks.len();
+    let picks = Tensor::<B, 1, Int>::from_data(TensorData::new(picks, [n]), device);
+    let allowed: Vec<bool> = chunk.iter().flat_map(|r| r.allowed.iter().copied()).collect();
+    let allowed = Tensor::<B, 2, Bool>::from_data(TensorData::new(allowed, [n, vocab]), device);
+    let taken: Vec<i64> = chunk.iter().flat_map(|r| r.agent.iter().map(|&i| r.tokens[i] as i64)).collect();
+    let taken = Tensor::<B, 2, Int>::from_data(TensorData::new(taken, [n, 1]), device);
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), device);
+
+    let (logits, values) = net.logits_and_values(ids); // [c, l, v], [c, l]
+    let logits = logits.reshape([chunk.len() * l, vocab]); // [c·l, v]
+    let world_model = world_model.then(|| {
+        let at: Vec<i64> = chunk.iter().enumerate().flat_map(|(r, row)| row.observed.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
+        let m = at.len();
+        let next: Vec<i64> = chunk.iter().flat_map(|r| r.observed.iter().map(|&i| r.tokens[i] as i64)).collect();
+        let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at, [m]), device);
+        let next = Tensor::<B, 2, Int>::from_data(TensorData::new(next, [m, 1]), device);
+        let logp = burn::tensor::activation::log_softmax(logits.clone().select(0, at), 1); // [m, v]
+        (logp.gather(1, next).sum().neg(), m)
+    });
+    let logp_all = masked_log_softmax(logits.select(0, picks.clone()), allowed, temperature); // [n, v]
+    Scores {
+        logp: logp_all.clone().gather(1, taken).reshape([n]),
+        entropy: crate::loss::entropy(logp_all),
+        values: values.reshape([chunk.len() * l]).select(0, picks), // [n]
+        world_model,
+    }
+}
+
+/// `rows` split, in order, into passes no larger than the network holds at
+/// once for their longest row.
+fn passes<'a, 'r>(rows: &'a [&'a Row<'r>], per_pass: impl Fn(usize) -> usize) -> Vec<&'a [&'a Row<'r>]> {
+    let mut out = vec![];
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let mut c = 1;
+        while c < rest.len() {
+            let len = rest[..=c].iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+            if c + 1 > per_pass(len) {
+                break;
+            }
+            c += 1;
+        }
+        let (chunk, tail) = rest.split_at(c);
+        out.push(chunk);
+        rest = tail;
+    }
+    out
+}
+
+fn floats_of<B: Backend>(t: Tensor<B, 1>) -> Vec<f32> {
+    t.into_data().convert::<f32>().to_vec::<f32>().expect("f32 values")
+}
+
+/// Append, per row of `chunk`, its share of `flat` (one value per agent
+/// token, rows in order).
+fn split_rows(out: &mut Vec<Vec<f32>>, chunk: &[&Row], flat: &[f32]) {
+    let mut at = 0;
+    for r in chunk {
+        out.push(flat[at..at + r.agent.len()].to_vec());
+        at += r.agent.len();
     }
 }
 

@@ -30,9 +30,15 @@ pub struct PolicyModelConfig {
     /// Hidden width of each MLP, as a multiple of `d_model`.
     #[config(default = 4)]
     pub mlp_ratio: usize,
-    /// Longest context (prompt plus reply) the learned positions cover.
+    /// Longest context (prompt plus reply) the model reads.
     #[config(default = 1024)]
     pub max_seq_len: usize,
+    /// Rotary positions (RoPE) instead of a learned position embedding.
+    /// Attention then depends on how far apart two tokens are, not where
+    /// they sit, so "the cell above" or "the same cell in the last state"
+    /// is one offset wherever the grid lands in the conversation.
+    #[config(default = false)]
+    pub rotary: bool,
 }
 
 impl PolicyModelConfig {
@@ -52,7 +58,7 @@ impl PolicyModelConfig {
             .collect();
         PolicyModel {
             token_embedding: EmbeddingConfig::new(self.vocab_size, d).init(device),
-            position_embedding: EmbeddingConfig::new(self.max_seq_len, d).init(device),
+            position_embedding: (!self.rotary).then(|| EmbeddingConfig::new(self.max_seq_len, d).init(device)),
             blocks,
             norm: LayerNormConfig::new(d).init(device),
             lm_head: LinearConfig::new(d, self.vocab_size).init(device),
@@ -65,7 +71,8 @@ impl PolicyModelConfig {
 #[derive(Module, Debug)]
 pub struct PolicyModel<B: Backend> {
     token_embedding: Embedding<B>,
-    position_embedding: Embedding<B>,
+    /// Learned absolute positions; `None` with rotary positions.
+    position_embedding: Option<Embedding<B>>,
     blocks: Vec<Block<B>>,
     norm: LayerNorm<B>,
     lm_head: Linear<B>,
@@ -122,11 +129,7 @@ impl<B: Backend> KvCache<B> {
     /// This cache (of one row) copied into `b` rows, for prompts that all
     /// start with what it holds.
     pub fn repeat(&self, b: usize) -> Self {
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| l.as_ref().map(|(k, v)| (k.clone().repeat_dim(0, b), v.clone().repeat_dim(0, b))))
-            .collect();
+        let layers = self.layers.iter().map(|l| l.as_ref().map(|(k, v)| (k.clone().repeat_dim(0, b), v.clone().repeat_dim(0, b)))).collect();
         Self { layers, len: self.len, gaps: Vec::new() }
     }
 
@@ -153,6 +156,10 @@ impl<B: Backend> PolicyModel<B> {
         self.max_seq_len
     }
 
+    fn head_width(&self) -> usize {
+        self.token_embedding.weight.dims()[1] / self.n_heads()
+    }
+
     /// The whole sequence at once: tokens `[b, t]` to logits `[b, t, v]` and
     /// values `[b, t]`. Position `i`'s logits predict token `i + 1`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
@@ -165,20 +172,17 @@ impl<B: Backend> PolicyModel<B> {
     pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
         let [b, t] = tokens.dims();
         let offset = cache.len;
-        assert!(
-            offset + t <= self.max_seq_len,
-            "sequence of {} tokens exceeds max_seq_len {}; raise it in the model config",
-            offset + t,
-            self.max_seq_len
-        );
+        assert!(offset + t <= self.max_seq_len, "sequence of {} tokens exceeds max_seq_len {}; raise it in the model config", offset + t, self.max_seq_len);
         let device = tokens.device();
         let p = offset + t;
-        let (positions, padding) = if cache.gaps.is_empty() {
-            // [b, t]
-            (Tensor::<B, 1, Int>::arange(offset as i64..p as i64, &device).reshape([1, t]).repeat_dim(0, b), None)
+        // Each new token's position, row by row (`[b, t]`).
+        let (positions, padding): (Vec<i64>, _) = if cache.gaps.is_empty() {
+            ((0..b).flat_map(|_| offset as i64..p as i64).collect(), None)
         } else {
             assert_eq!(cache.gaps.len(), b, "one gap per row");
-            let position = |(start, len): (usize, usize), i: usize| if i < start { i } else { i.saturating_sub(len).max(start) };
+            let position = |(start, len): (usize, usize), i: usize| {
+                if i < start { i } else { i.saturating_sub(len).max(start) }
+            };
             let positions: Vec<i64> = cache.gaps.iter().flat_map(|&g| (offset..p).map(move |i| position(g, i) as i64)).collect();
             // Row r's padding is hidden, except from itself, so that no
             // query is left with nothing to attend to.
@@ -187,15 +191,19 @@ impl<B: Backend> PolicyModel<B> {
                 .iter()
                 .flat_map(|&(start, len)| (offset..p).flat_map(move |i| (0..p).map(move |j| j >= start && j < start + len && j != i)))
                 .collect();
-            (
-                Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [b, t]), &device),
-                Some(Tensor::<B, 4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, p]), &device)),
-            )
+            (positions, Some(Tensor::<B, 4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, p]), &device)))
         };
         // [b, t, d]
-        let mut x = self.token_embedding.forward(tokens) + self.position_embedding.forward(positions);
+        let mut x = self.token_embedding.forward(tokens);
+        let rotation = match &self.position_embedding {
+            Some(embedding) => {
+                x = x + embedding.forward(Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [b, t]), &device));
+                None
+            }
+            None => Some(Rotation::new(&positions, [b, t], self.head_width(), &device)),
+        };
         for (block, layer_cache) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = block.forward(x, layer_cache, padding.clone());
+            x = block.forward(x, layer_cache, padding.clone(), rotation.as_ref());
         }
         cache.len += t;
         let x = self.norm.forward(x);
@@ -209,12 +217,24 @@ impl<B: Backend> Block<B> {
     /// x `[b, t, d]`, the next `t` positions after the cache's `p - t`;
     /// `padding` `[b, 1, t, p]` is true where a query may not see a key
     /// (besides the future, which is always hidden).
-    fn forward(&self, x: Tensor<B, 3>, cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>, padding: Option<Tensor<B, 4, Bool>>) -> Tensor<B, 3> {
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+        padding: Option<Tensor<B, 4, Bool>>,
+        rotation: Option<&Rotation<B>>,
+    ) -> Tensor<B, 3> {
         let [b, t, d] = x.dims();
         let (h, k) = (self.n_heads, d / self.n_heads);
         let qkv = self.qkv.forward(self.attn_norm.forward(x.clone())); // [b, t, 3d]
         let heads = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, t, h, k]).swap_dims(1, 2); // [b, h, t, k]
-        let (q, k_new, v_new) = (heads(0), heads(1), heads(2));
+        let (mut q, mut k_new, v_new) = (heads(0), heads(1), heads(2));
+        // Keys are cached already rotated: a key's rotation depends only on
+        // its own position.
+        if let Some(r) = rotation {
+            q = r.apply(q);
+            k_new = r.apply(k_new);
+        }
         let (keys, values) = match cache.take() {
             Some((kc, vc)) => (Tensor::cat(vec![kc, k_new], 2), Tensor::cat(vec![vc, v_new], 2)), // [b, h, p, k]
             None => (k_new, v_new),
@@ -230,5 +250,37 @@ impl<B: Backend> Block<B> {
         let x = x + self.proj.forward(attended);
         let mlp = self.down.forward(gelu(self.up.forward(self.mlp_norm.forward(x.clone()))));
         x + mlp
+    }
+}
+
+/// Rotary position embedding (RoPE) for the `t` new positions of a batch:
+/// each pair of a head's channels `(i, i + k/2)` is rotated by the angle
+/// `position / 10000^(2i/k)`, so a query-key product depends on the two
+/// positions only through their difference.
+struct Rotation<B: Backend> {
+    /// `[b, 1, t, k/2]` each.
+    cos: Tensor<B, 4>,
+    sin: Tensor<B, 4>,
+}
+
+impl<B: Backend> Rotation<B> {
+    fn new(positions: &[i64], [b, t]: [usize; 2], k: usize, device: &B::Device) -> Self {
+        assert!(k % 2 == 0, "rotary positions need an even head width, not {k}");
+        let half = k / 2;
+        let angles: Vec<f32> = positions.iter().flat_map(|&p| (0..half).map(move |i| p as f32 / 10_000f32.powf(2.0 * i as f32 / k as f32))).collect();
+        let cos = angles.iter().map(|a| a.cos()).collect::<Vec<_>>();
+        let sin = angles.iter().map(|a| a.sin()).collect::<Vec<_>>();
+        let tensor = |v: Vec<f32>| Tensor::<B, 4>::from_data(TensorData::new(v, [b, 1, t, half]), device);
+        Self { cos: tensor(cos), sin: tensor(sin) }
+    }
+
+    /// x `[b, h, t, k]`, rotated.
+    fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let [b, h, t, k] = x.dims();
+        let half = k / 2;
+        let (cos, sin) = (self.cos.clone().expand([b, h, t, half]), self.sin.clone().expand([b, h, t, half]));
+        let x1 = x.clone().narrow(3, 0, half);
+        let x2 = x.narrow(3, half, half);
+        Tensor::cat(vec![x1.clone() * cos.clone() - x2.clone() * sin.clone(), x1 * sin + x2 * cos], 3)
     }
 }

@@ -23,6 +23,13 @@ fn model(tok: &PluginTokenizer) -> PolicyModel<B> {
     PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(2).with_n_heads(4).with_max_seq_len(256).init(&Default::default())
 }
 
+/// The model with learned positions, then with rotary ones: the cache,
+/// padding and batching must give the same answers with either.
+fn both_models(tok: &PluginTokenizer) -> [PolicyModel<B>; 2] {
+    let config = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(2).with_n_heads(4).with_max_seq_len(256);
+    [config.init(&Default::default()), config.with_rotary(true).init(&Default::default())]
+}
+
 #[test]
 fn forward_gives_logits_and_values_per_position() {
     let tok = PluginTokenizer::new(&spec());
@@ -37,16 +44,15 @@ fn forward_gives_logits_and_values_per_position() {
 fn kv_cache_sampling_gives_the_log_probs_of_a_full_forward_pass() {
     let s = spec();
     let tok = PluginTokenizer::new(&s);
-    let m = model(&tok);
     let device = Default::default();
     let prompt = tok.encode("<|user|>\nTurn 1:\nState:\n#P_X_O#\n<|assistant|>\n<think>");
-    for (think, temperature) in [(true, 1.0f32), (true, 0.5), (false, 1.0)] {
+    for (m, (think, temperature)) in both_models(&tok).iter().flat_map(|m| [(true, 1.0f32), (true, 0.5), (false, 1.0)].map(|c| (m, c))) {
         let grammar = AnswerGrammar::new(&tok, think, 16, 5);
         let parser = ResponseParser::new(&s.actions, think, 5);
         for seed in 0..4 {
-            let out = sample(&m, &prompt, &grammar, temperature, grammar.max_reply_tokens(), &mut SeedRng::new(seed), &device);
+            let out = sample(m, &prompt, &grammar, temperature, grammar.max_reply_tokens(), &mut SeedRng::new(seed), &device);
             assert!(out.complete, "the budget always fits a complete reply");
-            let full = masked_logprobs(&m, &prompt, &out.tokens, &grammar, temperature, &device).unwrap();
+            let full = masked_logprobs(m, &prompt, &out.tokens, &grammar, temperature, &device).unwrap();
             assert_eq!(full.len(), out.logprobs.len());
             for (i, (a, b)) in out.logprobs.iter().zip(&full).enumerate() {
                 assert!((a - b).abs() < 1e-4, "token {i}: cached {a} vs full {b}");
@@ -63,7 +69,6 @@ fn kv_cache_sampling_gives_the_log_probs_of_a_full_forward_pass() {
 fn a_padded_batch_samples_what_each_prompt_samples_alone() {
     let s = spec();
     let tok = PluginTokenizer::new(&s);
-    let m = model(&tok);
     let device = Default::default();
     let grammar = AnswerGrammar::new(&tok, true, 16, 5);
     // Prompts of different lengths, first with nothing in common (padding
@@ -75,19 +80,19 @@ fn a_padded_batch_samples_what_each_prompt_samples_alone() {
         "<|system|>\nPush boxes.<|user|>\n#_#\n<|assistant|>\n<think>",
         "<|system|>\nPush boxes.<|user|>\nState:\n#P_X_O#\n<|assistant|>\n<think>Up</think><answer>Up</answer><|user|>\n#_P#\n<|assistant|>\n<think>",
     ];
-    for texts in [&unrelated[..], &shared[..]] {
+    for (m, texts) in both_models(&tok).iter().flat_map(|m| [(m, &unrelated[..]), (m, &shared[..])]) {
         let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t)).collect();
         let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
         let budget = grammar.max_reply_tokens();
         let mut rngs: Vec<SeedRng> = (0..texts.len() as u64).map(|r| SeedRng::stream(9, r)).collect();
-        let batch = sample_batch(&m, &refs, &grammar, 1.0, budget, &mut rngs, &device);
+        let batch = sample_batch(m, &refs, &grammar, 1.0, budget, &mut rngs, &device);
         let mut rngs: Vec<SeedRng> = (0..texts.len() as u64).map(|r| SeedRng::stream(9, r)).collect();
-        let uncached = sample_batch_with(&m, &refs, &grammar, 1.0, budget, &mut rngs, &device, false);
+        let uncached = sample_batch_with(m, &refs, &grammar, 1.0, budget, &mut rngs, &device, false);
         for (r, prompt) in prompts.iter().enumerate() {
-            let alone = sample(&m, prompt, &grammar, 1.0, budget, &mut SeedRng::stream(9, r as u64), &device);
+            let alone = sample(m, prompt, &grammar, 1.0, budget, &mut SeedRng::stream(9, r as u64), &device);
             assert_eq!(batch[r].tokens, alone.tokens, "row {r}: padding changed the reply");
             assert_eq!(uncached[r].tokens, alone.tokens, "row {r}: the uncached path differs");
-            let full = masked_logprobs(&m, prompt, &batch[r].tokens, &grammar, 1.0, &device).unwrap();
+            let full = masked_logprobs(m, prompt, &batch[r].tokens, &grammar, 1.0, &device).unwrap();
             for (i, (a, b)) in batch[r].logprobs.iter().zip(&full).enumerate() {
                 assert!((a - b).abs() < 1e-4, "row {r} token {i}: batched {a} vs full {b}");
             }
