@@ -2,7 +2,7 @@
 //! sampling under the grammar, and StarPO updates.
 
 use burn::backend::{Autodiff, Flex};
-use ragen_agent::{PromptTemplates, RolloutConfig, RolloutRunner, Trajectory, summarize};
+use ragen_agent::{PromptTemplates, RolloutConfig, RolloutRunner, Tokenizer, Trajectory, summarize};
 use ragen_learner::{Learner, UpdateConfig};
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModelConfig, SamplingConfig};
 use std::time::Instant;
@@ -121,4 +121,38 @@ fn the_world_model_loss_predicts_the_next_observation_and_falls_with_training() 
     // the previous grid almost exactly, so it must fall well below that.
     assert!(losses[0] > 2.0, "{losses:?}");
     assert!(losses[29] < 0.5 * losses[0], "{losses:?}");
+}
+
+#[test]
+fn with_a_context_window_the_learner_reads_exactly_what_each_reply_was_sampled_from() {
+    let templates = PromptTemplates { system: "Play.".into(), intro: "{actions}\n".into(), legend: String::new(), turn: "{state}\n".into(), ..PromptTemplates::default() };
+    let config = RolloutConfig {
+        env_groups: 4,
+        group_size: 4,
+        enable_think: false,
+        max_actions_per_turn: Some(1),
+        max_context_window: Some(1),
+        ..RolloutConfig::default()
+    };
+    let settings = vec![("is_slippery".to_string(), "false".to_string())];
+    let runner = RolloutRunner::new(common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
+    let tok = PluginTokenizer::new(runner.spec());
+    let device = Default::default();
+    let model = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let mut learner = Learner::new(model, AnswerGrammar::new(&tok, false, 0, 1), UpdateConfig::default(), device);
+    let sampling = SamplingConfig { temperature: 1.0, think_budget: 0 };
+    let mut policy = BurnPolicy::new(learner.policy_model(), tok.clone(), false, 1, sampling, 3, Default::default());
+    let ts = runner.run(&mut policy, &[1, 2, 3, 4]).unwrap();
+    let t = ts.iter().find(|t| t.turns.len() >= 3).expect("some episode lasts three turns");
+    // One view per reply, each the system message (with the task), the
+    // current state and the reply: the same length every turn.
+    let views = t.token_views(&tok);
+    assert_eq!(views.len(), t.turns.len());
+    assert!(views.iter().all(|v| v.turn_starts.len() == 1), "one reply per view");
+    assert_eq!(views[1].tokens.len(), views[2].tokens.len(), "a window of one turn does not grow");
+    assert!(tok.decode(&views[2].tokens).starts_with("<|system|>\nPlay.\nLeft, Down, Right, Up\n<|user|>\n"), "{}", tok.decode(&views[2].tokens));
+    // The learner's first step recomputes the sampling log-probs exactly.
+    let batch: Vec<&Trajectory> = ts.iter().collect();
+    let stats = learner.update(&batch, &tok).unwrap();
+    assert!(stats.approx_kl.abs() < 1e-5 && stats.clip_fraction == 0.0, "{stats:?}");
 }

@@ -21,7 +21,7 @@ pub use parse::{Parsed, ResponseParser};
 pub use policy::{ByteTokenizer, Context, Message, Policy, Response, Tokenizer};
 pub use prompt::{PromptBuilder, PromptTemplates, Role};
 pub use rollout::{LoopLimits, RolloutConfig, RolloutRunner};
-pub use trajectory::{Segment, TokenView, Trajectory, Turn, read_jsonl, write_jsonl};
+pub use trajectory::{Segment, TokenView, Trajectory, Turn, read_jsonl, visible, write_jsonl};
 
 /// Validation seeds start here, as in the reference.
 pub const EVAL_SEED_START: u64 = 123;

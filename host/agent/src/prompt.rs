@@ -73,6 +73,10 @@ pub struct PromptBuilder {
     templates: PromptTemplates,
     intro: String,
     enable_think: bool,
+    /// The task goes at the end of the system message instead of at the
+    /// start of the first user message (for windowed contexts, which drop
+    /// old user messages but always keep the system one).
+    task_in_system: bool,
 }
 
 impl PromptBuilder {
@@ -92,11 +96,21 @@ impl PromptBuilder {
                 ("max_actions_per_turn", &max_actions_per_turn.to_string()),
             ],
         );
-        Self { templates, intro, enable_think }
+        Self { templates, intro, enable_think, task_in_system: false }
+    }
+
+    /// Put the task in the system message (see [`RolloutConfig::max_context_window`](crate::RolloutConfig)).
+    pub fn with_task_in_system(mut self, yes: bool) -> Self {
+        self.task_in_system = yes;
+        self
     }
 
     pub fn system(&self) -> String {
-        self.templates.system.clone()
+        match (self.task_in_system, self.templates.system.is_empty()) {
+            (false, _) => self.templates.system.clone(),
+            (true, true) => self.intro.clone(),
+            (true, false) => format!("{}\n{}", self.templates.system, self.intro),
+        }
     }
 
     fn turn(&self, turn: u32, state: &str, actions_left: u32) -> String {
@@ -109,7 +123,11 @@ impl PromptBuilder {
 
     /// The first user message: the task, then turn 1.
     pub fn first_user(&self, state: &str, actions_left: u32) -> String {
-        format!("{}\n{}", self.intro, self.turn(1, state, actions_left))
+        if self.task_in_system {
+            self.turn(1, state, actions_left)
+        } else {
+            format!("{}\n{}", self.intro, self.turn(1, state, actions_left))
+        }
     }
 
     /// A later user message: the last turn's reward, then turn `turn`.

@@ -5,7 +5,7 @@
 use crate::parse::ResponseParser;
 use crate::policy::{Context, Message, Policy};
 use crate::prompt::{PromptBuilder, PromptTemplates, Role};
-use crate::trajectory::{Segment, Trajectory, Turn};
+use crate::trajectory::{Segment, Trajectory, Turn, visible};
 use anyhow::{Result, bail};
 use ragen_runtime::{EnvPool, EnvSpec, Plugin, PluginInfo, PoolConfig};
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,14 @@ pub struct RolloutConfig {
     pub format_penalty: f64,
     /// `<think>…</think><answer>…</answer>` (true) or `<answer>…</answer>`.
     pub enable_think: bool,
+    /// Turns of the conversation the policy reads before each reply,
+    /// the current one included; absent reads them all (the reference).
+    /// With a window the task (instructions, legend, actions) moves into
+    /// the system message so that every context keeps it. For envs whose
+    /// state is all in the rendering (Sokoban, FrozenLake), `1` keeps
+    /// contexts short and puts the grid at the same place every turn,
+    /// which a model trained from scratch reads far more easily.
+    pub max_context_window: Option<u32>,
 }
 
 impl Default for RolloutConfig {
@@ -40,6 +48,7 @@ impl Default for RolloutConfig {
             max_actions_per_traj: None,
             format_penalty: -0.1,
             enable_think: true,
+            max_context_window: None,
         }
     }
 }
@@ -96,6 +105,9 @@ impl RolloutRunner {
         if config.env_groups == 0 || config.group_size == 0 {
             bail!("env_groups and group_size must be at least 1");
         }
+        if config.max_context_window == Some(0) {
+            bail!("max_context_window 0: use at least 1 (the current turn), or leave it out to keep the whole conversation");
+        }
         let (info, spec) = {
             let mut inst = plugin.instantiate()?;
             let info = inst.info()?;
@@ -110,7 +122,8 @@ impl RolloutRunner {
             ..PoolConfig::new(config.env_groups * config.group_size)
         };
         let pool = EnvPool::new(plugin, &pool_config)?;
-        let prompts = PromptBuilder::new(templates, &spec, config.enable_think, limits.max_actions_per_turn);
+        let prompts = PromptBuilder::new(templates, &spec, config.enable_think, limits.max_actions_per_turn)
+            .with_task_in_system(config.max_context_window.is_some());
         let parser = ResponseParser::new(&spec.actions, config.enable_think, limits.max_actions_per_turn as usize);
         Ok(Self { pool, info, spec, config, limits, prompts, parser })
     }
@@ -180,7 +193,9 @@ impl RolloutRunner {
                 let contexts: Vec<Context<'_>> = active
                     .iter()
                     .map(|&i| Context {
-                        messages: live[i].segments.iter().map(|s| Message { role: s.role, text: &s.text }).collect(),
+                        messages: visible(&live[i].segments, self.config.max_context_window)
+                            .map(|s| Message { role: s.role, text: &s.text })
+                            .collect(),
                         prefill: self.prompts.prefill(),
                         observation: &live[i].observation,
                         actions: &self.spec.actions,
@@ -277,6 +292,7 @@ impl RolloutRunner {
                     valid_action_ratio: ratio(valid, proposed),
                     effective_action_ratio: ratio(effective, executed),
                     failure: l.failure,
+                    context_window: self.config.max_context_window,
                 }
             })
             .collect())

@@ -56,6 +56,10 @@ pub struct Trajectory {
     pub valid_action_ratio: f64,
     /// Actions that changed the state / executed actions.
     pub effective_action_ratio: f64,
+    /// The rollout's `max_context_window`: how many turns each reply was
+    /// sampled from (absent: the whole conversation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
     /// Set when the env failed (trap, timeout, invalid output...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
@@ -97,35 +101,71 @@ impl TokenView {
 }
 
 impl Trajectory {
+    /// The sequences the policy's replies were sampled from, each with
+    /// its replies: the whole conversation as one view, or, with a context
+    /// window, one view per reply (the window it read, then the reply).
+    pub fn token_views(&self, tokenizer: &dyn Tokenizer) -> Vec<TokenView> {
+        if self.context_window.is_none() {
+            return vec![self.token_view(tokenizer)];
+        }
+        (0..self.segments.len())
+            .filter(|&i| self.segments[i].role == Role::Assistant)
+            .map(|i| {
+                let read: Vec<&Segment> = visible(&self.segments[..i], self.context_window).collect();
+                lay_out(read.into_iter().chain(std::iter::once(&self.segments[i])), tokenizer)
+            })
+            .collect()
+    }
+
     /// Lay the conversation out as tokens: each message's role header and
     /// text; in assistant messages the pre-fill is context (mask 0) and the
-    /// sampled tokens are the agent's (mask 1).
+    /// sampled tokens are the agent's (mask 1). This is what the policy read
+    /// only when there is no context window ([`Trajectory::token_views`]).
     pub fn token_view(&self, tokenizer: &dyn Tokenizer) -> TokenView {
-        let mut v = TokenView { tokens: vec![], loss_mask: vec![], logprobs: vec![], turn_starts: vec![] };
-        let context = |v: &mut TokenView, ids: Vec<u32>| {
-            v.loss_mask.extend(std::iter::repeat_n(0, ids.len()));
-            v.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
-            v.tokens.extend(ids);
-        };
-        for s in &self.segments {
-            context(&mut v, tokenizer.role_header(s.role));
-            if s.role == Role::Assistant {
-                context(&mut v, tokenizer.encode(&s.prefill));
-                v.turn_starts.push(v.tokens.len());
-                v.tokens.extend(&s.tokens);
-                v.loss_mask.extend(std::iter::repeat_n(1, s.tokens.len()));
-                v.logprobs.extend(&s.logprobs);
-            } else {
-                context(&mut v, tokenizer.encode(&s.text));
-            }
-        }
-        v
+        lay_out(self.segments.iter(), tokenizer)
     }
 
     /// The conversation as plain text, for people.
     pub fn transcript(&self) -> String {
         self.segments.iter().map(|s| format!("[{:?}]\n{}\n", s.role, s.text)).collect::<Vec<_>>().join("\n")
     }
+}
+
+/// The messages a policy reads before replying, of a conversation that
+/// has reached `segments` (system, user, assistant, user, ...): all of
+/// them, or with a window of `w` turns the system message and the last
+/// `2w − 1` messages (the current user message and `w − 1` earlier
+/// exchanges).
+pub fn visible(segments: &[Segment], window: Option<u32>) -> impl Iterator<Item = &Segment> {
+    let skip = match window {
+        Some(w) if segments.len() > 2 * w as usize => segments.len() - (2 * w as usize - 1) - 1,
+        _ => 0,
+    };
+    segments.iter().take(1).chain(segments.iter().skip(1 + skip))
+}
+
+/// Role header and text of each message; assistant messages as pre-fill
+/// (context) then the sampled tokens (the agent's).
+fn lay_out<'a>(segments: impl Iterator<Item = &'a Segment>, tokenizer: &dyn Tokenizer) -> TokenView {
+    let mut v = TokenView { tokens: vec![], loss_mask: vec![], logprobs: vec![], turn_starts: vec![] };
+    let context = |v: &mut TokenView, ids: Vec<u32>| {
+        v.loss_mask.extend(std::iter::repeat_n(0, ids.len()));
+        v.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
+        v.tokens.extend(ids);
+    };
+    for s in segments {
+        context(&mut v, tokenizer.role_header(s.role));
+        if s.role == Role::Assistant {
+            context(&mut v, tokenizer.encode(&s.prefill));
+            v.turn_starts.push(v.tokens.len());
+            v.tokens.extend(&s.tokens);
+            v.loss_mask.extend(std::iter::repeat_n(1, s.tokens.len()));
+            v.logprobs.extend(&s.logprobs);
+        } else {
+            context(&mut v, tokenizer.encode(&s.text));
+        }
+    }
+    v
 }
 
 /// Write one JSON object per line.
@@ -178,5 +218,20 @@ mod tests {
         assert!(v.keep_last(15)); // cut 5: both replies whole
         assert_eq!(v.turn_starts, vec![0, 9]);
         assert_eq!(v.loss_mask.iter().filter(|&&m| m == 1).count(), 9);
+    }
+
+    #[test]
+    fn a_window_keeps_the_system_message_and_the_last_turns() {
+        use super::{Segment, visible};
+        use crate::prompt::Role;
+        let seg = |role, text: &str| Segment { role, text: text.into(), prefill: String::new(), tokens: vec![], logprobs: vec![] };
+        let conversation =
+            [seg(Role::System, "s"), seg(Role::User, "u1"), seg(Role::Assistant, "a1"), seg(Role::User, "u2"), seg(Role::Assistant, "a2"), seg(Role::User, "u3")];
+        let texts = |w| visible(&conversation, w).map(|s| s.text.as_str()).collect::<Vec<_>>();
+        assert_eq!(texts(None), ["s", "u1", "a1", "u2", "a2", "u3"]);
+        assert_eq!(texts(Some(1)), ["s", "u3"]);
+        assert_eq!(texts(Some(2)), ["s", "u2", "a2", "u3"]);
+        assert_eq!(texts(Some(3)), ["s", "u1", "a1", "u2", "a2", "u3"]);
+        assert_eq!(texts(Some(9)), texts(None));
     }
 }

@@ -86,7 +86,8 @@ pub struct PpoSection {
     pub world_model_coef: Option<f64>,
     /// Passes over each (filtered) batch; 1 by default.
     pub ppo_epochs: Option<usize>,
-    /// Trajectories per optimizer step; 0 (the default) takes the whole
+    /// Sequences per optimizer step (a trajectory each, or with
+    /// `max_context_window` a reply each); 0 (the default) takes the whole
     /// batch in one step.
     pub ppo_mini_batch_size: Option<usize>,
 }
@@ -214,6 +215,15 @@ mod tests {
         let g = g.resolve().unwrap();
         assert_eq!(g.update.estimator, Estimator::Grpo);
         assert_eq!((g.update.clip.high, g.rollout_filter_ratio), (0.3, 1.0));
+        let more: TrainConfig =
+            toml::from_str("[ppo]\nppo_epochs = 3\nppo_mini_batch_size = 8\nworld_model_coef = 0.5\n[model]\npositions = \"rotary\"\n").unwrap();
+        let r = more.resolve().unwrap();
+        assert_eq!((r.update.epochs, r.update.mini_batch_size, r.update.world_model_coef), (3, 8, 0.5));
+        assert_eq!(more.model.positions, Positions::Rotary);
+        assert_eq!((s.update.epochs, s.update.mini_batch_size, s.update.world_model_coef), (1, 0, 0.0), "the reference's defaults");
+        let zero: TrainConfig = toml::from_str("[ppo]\nppo_epochs = 0\n").unwrap();
+        assert!(zero.resolve().unwrap_err().to_string().contains("ppo_epochs"));
+        assert!(toml::from_str::<TrainConfig>("[model]\npositions = \"absolute\"\n").unwrap_err().to_string().contains("absolute"));
         let bad: TrainConfig = toml::from_str("[ppo]\nadv_estimator = \"vtrace\"\n").unwrap();
         assert!(bad.resolve().unwrap_err().to_string().contains("adv_estimator"));
         assert!(toml::from_str::<TrainConfig>("stepz = 3").unwrap_err().to_string().contains("stepz"));

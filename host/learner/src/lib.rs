@@ -18,6 +18,6 @@ mod update;
 
 pub use advantages::{gae, grpo};
 pub use filter::RolloutFilter;
-pub use config::{Algo, TrainConfig};
+pub use config::{Algo, Positions, TrainConfig};
 pub use run::{StepMetrics, build_learner, load_policy, train};
 pub use update::{Estimator, Learner, UpdateConfig, UpdateStats};

@@ -66,8 +66,9 @@ pub struct UpdateConfig {
     pub world_model_coef: f64,
     /// Passes over each batch (verl's `ppo_epochs`).
     pub epochs: usize,
-    /// Trajectories per optimizer step (verl's `ppo_mini_batch_size`); 0
-    /// takes the whole batch in one step.
+    /// Sequences per optimizer step (verl's `ppo_mini_batch_size`): one
+    /// per trajectory, or with a context window one per reply; 0 takes the
+    /// whole batch in one step.
     pub mini_batch_size: usize,
 }
 
@@ -120,6 +121,9 @@ pub struct UpdateStats {
 /// One trajectory laid out for the update.
 struct Row<'a> {
     trajectory: &'a Trajectory,
+    /// Which trajectory of the batch (several rows share one when the
+    /// policy read a context window).
+    index: usize,
     tokens: Vec<u32>,
     /// Positions of the agent's tokens.
     agent: Vec<usize>,
@@ -210,8 +214,11 @@ where
         //    grammar's mask at each of them, and their sampling log-probs.
         let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
         let mut truncated = 0;
-        for t in batch {
-            let mut view = t.token_view(tokenizer);
+        // A trajectory is one row, or with a context window one row per
+        // reply (the window it read, then the reply); its rows are adjacent.
+        for (index, view) in batch.iter().enumerate().flat_map(|(i, t)| t.token_views(tokenizer).into_iter().map(move |v| (i, v))) {
+            let t = batch[index];
+            let mut view = view;
             // Sampling read each turn's last `max_seq_len - reply budget`
             // tokens; the update reads the conversation's last `max_seq_len`.
             truncated += view.keep_last(self.model().max_seq_len()) as usize;
@@ -231,7 +238,7 @@ where
             let old_logp = agent.iter().map(|&i| view.logprobs[i]).collect();
             let first_reply = view.turn_starts.first().copied().unwrap_or(view.tokens.len());
             let observed = (first_reply..view.tokens.len()).filter(|&i| view.loss_mask[i] == 0).collect();
-            rows.push(Row { trajectory: t, tokens: view.tokens, agent, allowed, old_logp, observed });
+            rows.push(Row { trajectory: t, index, tokens: view.tokens, agent, allowed, old_logp, observed });
         }
         if rows.is_empty() {
             bail!("no agent tokens in the batch to learn from");
@@ -257,12 +264,21 @@ where
         let (mut advantages, mut returns): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (vec![], vec![]);
         match cfg.estimator {
             Estimator::Gae => {
-                for (r, v) in rows.iter().zip(&old_values) {
+                // Over all of a trajectory's agent tokens, across its rows.
+                let mut first = 0;
+                while first < rows.len() {
+                    let end = (first..rows.len()).find(|&i| rows[i].index != rows[first].index).unwrap_or(rows.len());
+                    let v: Vec<f32> = old_values[first..end].concat();
                     let mut rewards = vec![0.0; v.len()];
-                    *rewards.last_mut().expect("rows have agent tokens") = r.trajectory.reward as f32;
-                    let (a, ret) = gae(&rewards, v, cfg.gamma, cfg.lambda);
-                    advantages.push(a);
-                    returns.push(ret);
+                    *rewards.last_mut().expect("rows have agent tokens") = rows[first].trajectory.reward as f32;
+                    let (a, ret) = gae(&rewards, &v, cfg.gamma, cfg.lambda);
+                    let mut at = 0;
+                    for r in &rows[first..end] {
+                        advantages.push(a[at..at + r.agent.len()].to_vec());
+                        returns.push(ret[at..at + r.agent.len()].to_vec());
+                        at += r.agent.len();
+                    }
+                    first = end;
                 }
             }
             Estimator::Grpo => {
