@@ -219,7 +219,8 @@ enum Command {
         /// Seed of the policy's own randomness.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// A TOML file with [rollout], [prompt] and [env] sections.
+        /// A TOML file with [rollout], [prompt] and [env] sections (a training
+        /// config works too: its other sections are ignored here).
         #[arg(long)]
         config: Option<PathBuf>,
         /// Write every trajectory (full text, tokens, rewards) as JSON lines.
@@ -329,7 +330,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Eval { env, policy, checkpoint, episodes, seed_start, seed, config, trajectories, threads, json, settings } => {
             let config = match (&config, &checkpoint) {
-                (Some(path), _) => ragen_agent::AgentConfig::load(path)?,
+                // A training config is a superset: its [rollout], [prompt] and [env] apply.
+                (Some(path), _) => ragen_learner::TrainConfig::load(path)?.agent,
                 // A trained policy is evaluated under the prompts and settings it trained with.
                 (None, Some(run)) => ragen_learner::TrainConfig::load(&run.join("config.toml"))?.agent,
                 (None, None) => ragen_agent::AgentConfig::default(),
