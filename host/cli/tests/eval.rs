@@ -25,16 +25,8 @@ fn random_eval_reports_success_return_validity_and_the_bound() {
 #[test]
 fn the_solver_reaches_the_bound_and_trajectories_are_written() {
     let file = scratch("eval").join("solver.jsonl");
-    let v = eval_json(&[
-        "--env",
-        plugin("sokoban").to_str().unwrap(),
-        "--policy",
-        "sokoban-solver",
-        "--episodes",
-        "32",
-        "--trajectories",
-        file.to_str().unwrap(),
-    ]);
+    let v =
+        eval_json(&["--env", plugin("sokoban").to_str().unwrap(), "--policy", "sokoban-solver", "--episodes", "32", "--trajectories", file.to_str().unwrap()]);
     assert_eq!(v["success_rate"], v["optimal_success"]);
     let lines = std::fs::read_to_string(&file).unwrap();
     assert_eq!(lines.lines().count(), 32);
@@ -50,4 +42,17 @@ fn eval_explains_bad_input() {
     std::fs::write(&bad, "[rollout]\ngroup_sise = 3\n").unwrap();
     let out = ragen_host(&["eval", "--env", plugin("bandit").to_str().unwrap(), "--config", bad.to_str().unwrap()]);
     assert!(text(&out).contains("unknown field `group_sise`"), "{}", text(&out));
+}
+
+#[test]
+fn a_training_config_sets_the_eval_loop() {
+    // The FrozenLake recipe: one action per turn, ten turns, its own [env]
+    // and [prompt]. Its baselines must come from the same loop it trains in.
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs/frozenlake.toml");
+    let v = eval_json(&["--env", plugin("frozenlake").to_str().unwrap(), "--policy", "random", "--episodes", "32", "--config", config.to_str().unwrap()]);
+    assert_eq!(v["limits"]["max_turn"], 10, "{v}");
+    assert_eq!(v["limits"]["max_actions_per_turn"], 1, "{v}");
+    assert_eq!(v["actions_mean"], v["turns_mean"], "one action per turn: {v}");
+    let turns = v["turns_mean"].as_f64().unwrap();
+    assert!(turns > 1.0 && turns <= 10.0, "{v}");
 }
