@@ -25,8 +25,16 @@ fn random_eval_reports_success_return_validity_and_the_bound() {
 #[test]
 fn the_solver_reaches_the_bound_and_trajectories_are_written() {
     let file = scratch("eval").join("solver.jsonl");
-    let v =
-        eval_json(&["--env", plugin("sokoban").to_str().unwrap(), "--policy", "sokoban-solver", "--episodes", "32", "--trajectories", file.to_str().unwrap()]);
+    let v = eval_json(&[
+        "--env",
+        plugin("sokoban").to_str().unwrap(),
+        "--policy",
+        "sokoban-solver",
+        "--episodes",
+        "32",
+        "--trajectories",
+        file.to_str().unwrap(),
+    ]);
     assert_eq!(v["success_rate"], v["optimal_success"]);
     let lines = std::fs::read_to_string(&file).unwrap();
     assert_eq!(lines.lines().count(), 32);
