@@ -27,12 +27,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Play episodes of at most 20 steps with seeded random actions; returns
 /// (calls made, seconds). `reset` and `step` are the two calls under test.
-fn episodes(
-    calls: usize,
-    num_actions: usize,
-    mut reset: impl FnMut(u64),
-    mut step: impl FnMut(u32) -> bool,
-) -> (usize, f64) {
+fn episodes(calls: usize, num_actions: usize, mut reset: impl FnMut(u64), mut step: impl FnMut(u32) -> bool) -> (usize, f64) {
     let mut rng = SeedRng::new(1);
     let (mut made, mut seed) = (0, 0);
     let start = Instant::now();

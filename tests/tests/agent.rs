@@ -2,13 +2,13 @@
 //! parsed, actions executed through the pool, trajectories recorded.
 
 use anyhow::Result;
+use common::shipped;
 use ragen_agent::bounds::optimal_success;
 use ragen_agent::policies::{RandomPolicy, SokobanSolverPolicy};
 use ragen_agent::{
-    ByteTokenizer, Context, EVAL_SEED_START, Policy, PromptTemplates, Response, Role, RolloutConfig, RolloutRunner, Tokenizer,
-    read_jsonl, summarize, write_jsonl,
+    ByteTokenizer, Context, EVAL_SEED_START, Policy, PromptTemplates, Response, Role, RolloutConfig, RolloutRunner, Tokenizer, read_jsonl,
+    summarize, write_jsonl,
 };
-use common::shipped;
 use std::path::PathBuf;
 
 mod common;
@@ -122,7 +122,10 @@ impl Policy for Fixed {
         &ByteTokenizer
     }
     fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {
-        Ok(contexts.iter().map(|_| Response { text: self.0.into(), tokens: ByteTokenizer.encode(self.0), logprobs: vec![0.0; self.0.len()] }).collect())
+        Ok(contexts
+            .iter()
+            .map(|_| Response { text: self.0.into(), tokens: ByteTokenizer.encode(self.0), logprobs: vec![0.0; self.0.len()] })
+            .collect())
     }
 }
 
@@ -159,7 +162,12 @@ fn an_untrained_transformer_always_answers_in_format() {
     for name in ["bandit", "sokoban"] {
         let r = runner(name, 2, 2);
         let tok = PluginTokenizer::new(r.spec());
-        let model = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(512).init::<Flex>(&Default::default());
+        let model = PolicyModelConfig::new(tok.vocab_size())
+            .with_d_model(32)
+            .with_n_layers(1)
+            .with_n_heads(2)
+            .with_max_seq_len(512)
+            .init::<Flex>(&Default::default());
         let limits = r.limits();
         let sampling = SamplingConfig { temperature: 1.0, think_budget: 8 };
         let mut policy = BurnPolicy::new(model, tok, true, limits.max_actions_per_turn, sampling, 5, Default::default());

@@ -31,7 +31,8 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
     let runner = RolloutRunner::new(common::shipped("bandit"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
-    let model = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let model =
+        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
     let grammar = AnswerGrammar::new(&tok, false, 0, 1);
     let mut learner = Learner::new(model, grammar, UpdateConfig { lr: 3e-3, ..UpdateConfig::default() }, device);
 
@@ -57,13 +58,19 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
 
 #[test]
 fn the_kl_term_starts_at_zero_and_grows_as_the_policy_moves() {
-    let templates =
-        PromptTemplates { system: String::new(), intro: "{actions}\n".into(), legend: String::new(), turn: "{state}\n".into(), ..PromptTemplates::default() };
+    let templates = PromptTemplates {
+        system: String::new(),
+        intro: "{actions}\n".into(),
+        legend: String::new(),
+        turn: "{state}\n".into(),
+        ..PromptTemplates::default()
+    };
     let config = RolloutConfig { env_groups: 4, group_size: 8, enable_think: false, ..RolloutConfig::default() };
     let runner = RolloutRunner::new(common::shipped("bandit"), &[], config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
-    let model = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let model =
+        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
     let grammar = AnswerGrammar::new(&tok, false, 0, 1);
     let mut learner = Learner::new(model, grammar, UpdateConfig { lr: 1e-2, kl_coef: 0.01, ..UpdateConfig::default() }, device);
     let mut kls = vec![];
@@ -82,14 +89,21 @@ fn the_kl_term_starts_at_zero_and_grows_as_the_policy_moves() {
 /// FrozenLake rollouts (several turns each) from a fresh tiny model, with
 /// the short prompt the tests use.
 fn frozenlake_batch(update: UpdateConfig) -> (Vec<Trajectory>, PluginTokenizer, Learner<B>) {
-    let templates =
-        PromptTemplates { system: String::new(), intro: "{actions}\n".into(), legend: String::new(), turn: "{state}\n".into(), ..PromptTemplates::default() };
-    let config = RolloutConfig { env_groups: 4, group_size: 4, enable_think: false, max_actions_per_turn: Some(1), ..RolloutConfig::default() };
+    let templates = PromptTemplates {
+        system: String::new(),
+        intro: "{actions}\n".into(),
+        legend: String::new(),
+        turn: "{state}\n".into(),
+        ..PromptTemplates::default()
+    };
+    let config =
+        RolloutConfig { env_groups: 4, group_size: 4, enable_think: false, max_actions_per_turn: Some(1), ..RolloutConfig::default() };
     let settings = vec![("is_slippery".to_string(), "false".to_string())];
     let runner = RolloutRunner::new(common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
-    let model = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let model =
+        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
     let grammar = AnswerGrammar::new(&tok, false, 0, 1);
     let learner = Learner::new(model, grammar, update, device);
     let sampling = SamplingConfig { temperature: 1.0, think_budget: 0 };
@@ -125,7 +139,13 @@ fn the_world_model_loss_predicts_the_next_observation_and_falls_with_training() 
 
 #[test]
 fn with_a_context_window_the_learner_reads_exactly_what_each_reply_was_sampled_from() {
-    let templates = PromptTemplates { system: "Play.".into(), intro: "{actions}\n".into(), legend: String::new(), turn: "{state}\n".into(), ..PromptTemplates::default() };
+    let templates = PromptTemplates {
+        system: "Play.".into(),
+        intro: "{actions}\n".into(),
+        legend: String::new(),
+        turn: "{state}\n".into(),
+        ..PromptTemplates::default()
+    };
     let config = RolloutConfig {
         env_groups: 4,
         group_size: 4,
@@ -138,7 +158,8 @@ fn with_a_context_window_the_learner_reads_exactly_what_each_reply_was_sampled_f
     let runner = RolloutRunner::new(common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
-    let model = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let model =
+        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
     let mut learner = Learner::new(model, AnswerGrammar::new(&tok, false, 0, 1), UpdateConfig::default(), device);
     let sampling = SamplingConfig { temperature: 1.0, think_budget: 0 };
     let mut policy = BurnPolicy::new(learner.policy_model(), tok.clone(), false, 1, sampling, 3, Default::default());
@@ -150,7 +171,11 @@ fn with_a_context_window_the_learner_reads_exactly_what_each_reply_was_sampled_f
     assert_eq!(views.len(), t.turns.len());
     assert!(views.iter().all(|v| v.turn_starts.len() == 1), "one reply per view");
     assert_eq!(views[1].tokens.len(), views[2].tokens.len(), "a window of one turn does not grow");
-    assert!(tok.decode(&views[2].tokens).starts_with("<|system|>\nPlay.\nLeft, Down, Right, Up\n<|user|>\n"), "{}", tok.decode(&views[2].tokens));
+    assert!(
+        tok.decode(&views[2].tokens).starts_with("<|system|>\nPlay.\nLeft, Down, Right, Up\n<|user|>\n"),
+        "{}",
+        tok.decode(&views[2].tokens)
+    );
     // The learner's first step recomputes the sampling log-probs exactly.
     let batch: Vec<&Trajectory> = ts.iter().collect();
     let stats = learner.update(&batch, &tok).unwrap();

@@ -88,7 +88,11 @@ fn bandit_in_the_sandbox_matches_native() {
 #[test]
 fn sokoban_in_the_sandbox_matches_native() {
     same_as_native::<ragen_env_sokoban::Sokoban>("sokoban", &[], 200);
-    same_as_native::<ragen_env_sokoban::Sokoban>("sokoban", &[("dim_x", "8"), ("dim_y", "8"), ("num_boxes", "2"), ("search_depth", "10")], 50);
+    same_as_native::<ragen_env_sokoban::Sokoban>(
+        "sokoban",
+        &[("dim_x", "8"), ("dim_y", "8"), ("num_boxes", "2"), ("search_depth", "10")],
+        50,
+    );
     same_as_native::<ragen_env_sokoban::Sokoban>("sokoban", &[("symbols", "W.GBCA@"), ("max_steps", "5")], 30);
 }
 

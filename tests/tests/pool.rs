@@ -42,7 +42,10 @@ fn check_against_native<E: Environment>(pool: &EnvPool, natives: &mut [CheckedEn
             assert_eq!(got.autoreset, None);
             assert_eq!(got.observation, want.observation, "env {i} round {round}");
             assert_eq!(got.reward.to_bits(), want.reward.to_bits());
-            assert_eq!((got.done, got.info.success, got.info.action_is_effective), (want.done, want.info.success, want.info.action_is_effective));
+            assert_eq!(
+                (got.done, got.info.success, got.info.action_is_effective),
+                (want.done, want.info.success, want.info.action_is_effective)
+            );
             over[i] = want.done;
         }
     }

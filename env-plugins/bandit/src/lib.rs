@@ -7,10 +7,7 @@
 //! on every reset. `success` means the arm with the higher expected payoff
 //! was chosen.
 
-use ragen_env_sdk::{
-    Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, SeedRng, StepInfo,
-    StepOutcome,
-};
+use ragen_env_sdk::{Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, SeedRng, StepInfo, StepOutcome};
 
 /// Which of the two configured arms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,10 +11,7 @@ pub mod lake;
 pub mod values;
 
 use lake::{Dir, Lake, Tile};
-use ragen_env_sdk::{
-    Config, ConfigKey, EnvError, EnvSpec, Environment, LegendEntry, Limits, PluginInfo, SeedRng, StepInfo,
-    StepOutcome,
-};
+use ragen_env_sdk::{Config, ConfigKey, EnvError, EnvSpec, Environment, LegendEntry, Limits, PluginInfo, SeedRng, StepInfo, StepOutcome};
 use values::Slip;
 
 /// Map draws per reset before giving up (only reachable with tiny `p`).
@@ -56,7 +53,10 @@ impl FrozenLake {
             return Ok(fixed.clone());
         }
         Lake::generate(&mut SeedRng::stream(seed, 0), self.size, self.p, MAX_MAP_DRAWS).ok_or_else(|| {
-            EnvError::failed(format!("no {0}x{0} map with a reachable goal in {MAX_MAP_DRAWS} draws at p = {1}; raise p", self.size, self.p))
+            EnvError::failed(format!(
+                "no {0}x{0} map with a reachable goal in {MAX_MAP_DRAWS} draws at p = {1}; raise p",
+                self.size, self.p
+            ))
         })
     }
 

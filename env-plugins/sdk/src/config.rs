@@ -19,8 +19,7 @@ impl Config {
     /// Resolve `given` against `declared`. Errors on an unknown key or a key
     /// given twice, naming it.
     pub fn resolve(declared: &[ConfigKey], given: &[(String, String)]) -> Result<Self, EnvError> {
-        let mut entries: Vec<(String, String, bool)> =
-            declared.iter().map(|k| (k.name.clone(), k.default_value.clone(), false)).collect();
+        let mut entries: Vec<(String, String, bool)> = declared.iter().map(|k| (k.name.clone(), k.default_value.clone(), false)).collect();
         for (key, value) in given {
             let Some(entry) = entries.iter_mut().find(|e| e.0 == *key) else {
                 let known: Vec<&str> = declared.iter().map(|k| k.name.as_str()).collect();

@@ -17,11 +17,7 @@ pub struct ConfigKey {
 
 impl ConfigKey {
     pub fn new(name: &str, default_value: impl ToString, description: &str) -> Self {
-        Self {
-            name: name.to_string(),
-            default_value: default_value.to_string(),
-            description: description.to_string(),
-        }
+        Self { name: name.to_string(), default_value: default_value.to_string(), description: description.to_string() }
     }
 }
 

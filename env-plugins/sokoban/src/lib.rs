@@ -12,9 +12,7 @@ pub mod solver;
 pub mod symbols;
 
 use generate::MAX_BOXES;
-use ragen_env_sdk::{
-    Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, StepInfo, StepOutcome,
-};
+use ragen_env_sdk::{Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, StepInfo, StepOutcome};
 use room::{Dir, Room};
 use symbols::Symbols;
 
@@ -26,7 +24,12 @@ pub const REWARD_FINISHED: f64 = 10.0;
 /// Where rooms come from.
 #[derive(Clone, Debug)]
 enum Source {
-    Generated { width: usize, height: usize, num_boxes: usize, search_depth: u32 },
+    Generated {
+        width: usize,
+        height: usize,
+        num_boxes: usize,
+        search_depth: u32,
+    },
     /// One fixed level, the same on every reset.
     Fixed(Room),
     /// Many levels; reset(seed) plays level `seed % len`.
@@ -53,9 +56,7 @@ impl Sokoban {
     pub fn initial_room(&self, seed: u64) -> Result<Room, EnvError> {
         match &self.source {
             Source::Generated { width, height, num_boxes, search_depth } => {
-                generate::generate(seed, *width, *height, *num_boxes, *search_depth)
-                    .map(|g| g.room)
-                    .map_err(EnvError::failed)
+                generate::generate(seed, *width, *height, *num_boxes, *search_depth).map(|g| g.room).map_err(EnvError::failed)
             }
             Source::Fixed(room) => Ok(room.clone()),
             Source::Levels(levels) => Ok(levels[(seed % levels.len() as u64) as usize].clone()),
@@ -77,11 +78,7 @@ fn source(config: &Config, symbols: &Symbols) -> Result<Source, EnvError> {
             return Err(EnvError::bad_value("levels", "cannot be combined with `level`; give one fixed level or a file of levels"));
         }
         let check = |room: &Room, what: &str| {
-            if room.is_solved() {
-                Err(EnvError::bad_value(key, format!("{what} has every box on a target already")))
-            } else {
-                Ok(())
-            }
+            if room.is_solved() { Err(EnvError::bad_value(key, format!("{what} has every box on a target already"))) } else { Ok(()) }
         };
         if !level.is_empty() {
             let room = symbols.parse_level(level).map_err(|e| EnvError::bad_value("level", e))?;
@@ -126,11 +123,7 @@ impl Environment for Sokoban {
                 ConfigKey::new("num_boxes", 1, "boxes (and targets) per room (1..=9)"),
                 ConfigKey::new("max_steps", 100, "steps after which the episode ends unsolved"),
                 ConfigKey::new("search_depth", 300, "depth of the generator's reverse-play search"),
-                ConfigKey::new(
-                    "symbols",
-                    Symbols::DEFAULT,
-                    "7 symbols: wall, floor, target, box, box on target, player, player on target",
-                ),
+                ConfigKey::new("symbols", Symbols::DEFAULT, "7 symbols: wall, floor, target, box, box on target, player, player on target"),
                 ConfigKey::new("level", "", "a fixed level, rows separated by newlines, in `symbols`"),
                 ConfigKey::new("levels", "", "a Boxoban-style file (XSB levels after `; N` lines); reset(seed) plays level seed % count"),
             ],
@@ -185,12 +178,7 @@ impl Environment for Sokoban {
             observation: self.render(),
             reward,
             done: solved || self.steps >= self.max_steps,
-            info: StepInfo {
-                success: solved,
-                action_is_valid: true,
-                action_is_effective: moved.player,
-                metrics: vec![now as f64],
-            },
+            info: StepInfo { success: solved, action_is_valid: true, action_is_effective: moved.player, metrics: vec![now as f64] },
         }
     }
 

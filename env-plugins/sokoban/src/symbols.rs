@@ -40,15 +40,7 @@ impl Symbols {
                 return Err(format!("`{s}`: each of the 7 symbols must be distinct and not whitespace"));
             }
         }
-        Ok(Self {
-            wall: c[0],
-            floor: c[1],
-            target: c[2],
-            box_: c[3],
-            box_on_target: c[4],
-            player: c[5],
-            player_on_target: c[6],
-        })
+        Ok(Self { wall: c[0], floor: c[1], target: c[2], box_: c[3], box_on_target: c[4], player: c[5], player_on_target: c[6] })
     }
 
     fn all(&self) -> [char; 7] {
@@ -71,8 +63,20 @@ impl Symbols {
             for (c, (&tile, &boxed)) in tiles.iter().zip(boxes).enumerate() {
                 let target = tile == Tile::Target;
                 out.push(match () {
-                    _ if (r, c) == player => if target { self.player_on_target } else { self.player },
-                    _ if boxed => if target { self.box_on_target } else { self.box_ },
+                    _ if (r, c) == player => {
+                        if target {
+                            self.player_on_target
+                        } else {
+                            self.player
+                        }
+                    }
+                    _ if boxed => {
+                        if target {
+                            self.box_on_target
+                        } else {
+                            self.box_
+                        }
+                    }
                     _ => match tile {
                         Tile::Wall => self.wall,
                         Tile::Floor => self.floor,
@@ -167,8 +171,7 @@ fn parse_grid(text: &str, decode: impl Fn(char) -> Option<(Tile, bool, bool)>) -
     let mut players = Vec::new();
     for (r, row) in rows.iter().enumerate() {
         for (c, ch) in row.chars().enumerate() {
-            let (tile, boxed, player) =
-                decode(ch).ok_or_else(|| format!("unknown symbol `{ch}` at row {}, column {}", r + 1, c + 1))?;
+            let (tile, boxed, player) = decode(ch).ok_or_else(|| format!("unknown symbol `{ch}` at row {}, column {}", r + 1, c + 1))?;
             let cell = r * width + c;
             tiles[cell] = tile;
             boxes[cell] = boxed;
@@ -183,7 +186,9 @@ fn parse_grid(text: &str, decode: impl Fn(char) -> Option<(Tile, bool, bool)>) -
     let mut room = Room::new(width, height, tiles.clone(), boxes.clone(), player);
     let (n_boxes, n_targets) = (room.num_boxes(), room.target_cells().len());
     if n_boxes == 0 || n_boxes != n_targets {
-        return Err(format!("the level has {n_boxes} boxes and {n_targets} targets; it needs at least one box and as many targets as boxes"));
+        return Err(format!(
+            "the level has {n_boxes} boxes and {n_targets} targets; it needs at least one box and as many targets as boxes"
+        ));
     }
     // Wall off floor outside the player's region (walking through boxes).
     let mut seen = vec![false; tiles.len()];

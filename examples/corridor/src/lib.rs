@@ -62,7 +62,15 @@ impl Environment for Corridor {
 
     fn render(&self) -> String {
         (0..self.length)
-            .map(|i| if i == self.player { 'P' } else if i == self.length - 1 { 'E' } else { '_' })
+            .map(|i| {
+                if i == self.player {
+                    'P'
+                } else if i == self.length - 1 {
+                    'E'
+                } else {
+                    '_'
+                }
+            })
             .collect()
     }
 }

@@ -13,7 +13,13 @@ use ragen_env_sokoban::solver;
 /// action budget (and the env's own step limit). `None` for plugins we have
 /// no solver for. The env is rebuilt natively from the same settings, so the
 /// initial states are exactly the plugin's.
-pub fn optimal_success(plugin_name: &str, settings: &[(String, String)], seeds: &[u64], limits: LoopLimits, max_steps: u32) -> Result<Option<f64>> {
+pub fn optimal_success(
+    plugin_name: &str,
+    settings: &[(String, String)],
+    seeds: &[u64],
+    limits: LoopLimits,
+    max_steps: u32,
+) -> Result<Option<f64>> {
     let budget = limits.max_actions_per_traj.min(limits.max_turn * limits.max_actions_per_turn).min(max_steps);
     let err = |e: ragen_env_sdk::EnvError| anyhow!("{}", e.message);
     let per_seed: Vec<f64> = match plugin_name {

@@ -31,10 +31,15 @@ impl AgentConfig {
             .env
             .iter()
             .filter(|(k, _)| !overrides.iter().any(|(o, _)| o == *k))
-            .map(|(k, v)| (k.clone(), match v {
-                toml::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            }))
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    match v {
+                        toml::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    },
+                )
+            })
             .collect();
         out.extend(overrides.iter().cloned());
         out

@@ -40,11 +40,7 @@ pub struct ResponseParser {
 impl ResponseParser {
     pub fn new(actions: &[String], enable_think: bool, max_actions_per_turn: usize) -> Self {
         // (?s): `.` also matches newlines, like Python's re.DOTALL.
-        let pattern = if enable_think {
-            r"(?s)<think>(.*?)</think>\s*<answer>(.*?)</answer>"
-        } else {
-            r"(?s)<answer>(.*?)</answer>"
-        };
+        let pattern = if enable_think { r"(?s)<think>(.*?)</think>\s*<answer>(.*?)</answer>" } else { r"(?s)<answer>(.*?)</answer>" };
         Self {
             pattern: Regex::new(pattern).expect("a fixed, valid pattern"),
             think: enable_think,
@@ -57,17 +53,10 @@ impl ResponseParser {
         let Some(m) = self.pattern.captures(reply) else {
             return Parsed { think: None, answer: None, actions: vec![], proposed: 0, penalised: true };
         };
-        let (think, answer) = if self.think {
-            (Some(m[1].to_string()), m[2].to_string())
-        } else {
-            (None, m[1].to_string())
-        };
-        let parts: Vec<&str> =
-            answer.split("||").map(str::trim).filter(|p| !p.is_empty()).take(self.max_actions_per_turn).collect();
-        let actions: Vec<u32> = parts
-            .iter()
-            .filter_map(|p| self.actions_lower.iter().position(|a| *a == p.to_lowercase()).map(|i| i as u32))
-            .collect();
+        let (think, answer) = if self.think { (Some(m[1].to_string()), m[2].to_string()) } else { (None, m[1].to_string()) };
+        let parts: Vec<&str> = answer.split("||").map(str::trim).filter(|p| !p.is_empty()).take(self.max_actions_per_turn).collect();
+        let actions: Vec<u32> =
+            parts.iter().filter_map(|p| self.actions_lower.iter().position(|a| *a == p.to_lowercase()).map(|i| i as u32)).collect();
         let (proposed, penalised) = (parts.len(), actions.is_empty() || actions.len() != parts.len());
         Parsed { think, answer: Some(answer), actions, proposed, penalised }
     }

@@ -155,7 +155,10 @@ mod tests {
     fn spec() -> EnvSpec {
         EnvSpec {
             instructions: "Push the boxes.".into(),
-            legend: vec![LegendEntry { symbol: "#".into(), meaning: "wall".into() }, LegendEntry { symbol: "P".into(), meaning: "player".into() }],
+            legend: vec![
+                LegendEntry { symbol: "#".into(), meaning: "wall".into() },
+                LegendEntry { symbol: "P".into(), meaning: "player".into() },
+            ],
             actions: vec!["Up".into(), "Down".into()],
             limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: 100 },
             metrics: vec![],

@@ -115,12 +115,8 @@ impl RolloutRunner {
             (info, inst.spec(env)?)
         };
         let limits = config.limits(&spec);
-        let pool_config = PoolConfig {
-            threads,
-            settings: settings.to_vec(),
-            autoreset: false,
-            ..PoolConfig::new(config.env_groups * config.group_size)
-        };
+        let pool_config =
+            PoolConfig { threads, settings: settings.to_vec(), autoreset: false, ..PoolConfig::new(config.env_groups * config.group_size) };
         let pool = EnvPool::new(plugin, &pool_config)?;
         let prompts = PromptBuilder::new(templates, &spec, config.enable_think, limits.max_actions_per_turn)
             .with_task_in_system(config.max_context_window.is_some());
@@ -228,9 +224,8 @@ impl RolloutRunner {
                 });
             }
             for step in 0..lim.max_actions_per_turn as usize {
-                let batch: Vec<usize> = (0..active.len())
-                    .filter(|&k| plans[k].len() > step && !turns[k].done && live[active[k]].failure.is_none())
-                    .collect();
+                let batch: Vec<usize> =
+                    (0..active.len()).filter(|&k| plans[k].len() > step && !turns[k].done && live[active[k]].failure.is_none()).collect();
                 if batch.is_empty() {
                     break;
                 }

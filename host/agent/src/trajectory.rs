@@ -225,8 +225,14 @@ mod tests {
         use super::{Segment, visible};
         use crate::prompt::Role;
         let seg = |role, text: &str| Segment { role, text: text.into(), prefill: String::new(), tokens: vec![], logprobs: vec![] };
-        let conversation =
-            [seg(Role::System, "s"), seg(Role::User, "u1"), seg(Role::Assistant, "a1"), seg(Role::User, "u2"), seg(Role::Assistant, "a2"), seg(Role::User, "u3")];
+        let conversation = [
+            seg(Role::System, "s"),
+            seg(Role::User, "u1"),
+            seg(Role::Assistant, "a1"),
+            seg(Role::User, "u2"),
+            seg(Role::Assistant, "a2"),
+            seg(Role::User, "u3"),
+        ];
         let texts = |w| visible(&conversation, w).map(|s| s.text.as_str()).collect::<Vec<_>>();
         assert_eq!(texts(None), ["s", "u1", "a1", "u2", "a2", "u3"]);
         assert_eq!(texts(Some(1)), ["s", "u3"]);

@@ -68,7 +68,8 @@ pub fn probe<B: burn::tensor::backend::Backend>(choice: BackendChoice, device: &
             choice.name(),
             match choice {
                 BackendChoice::Cuda => "no CUDA driver was found (libcuda.so; is the NVIDIA driver installed and LD_LIBRARY_PATH set?)",
-                _ => "no GPU adapter was found (on a machine without a GPU, install a Vulkan driver such as Mesa's lavapipe: mesa-vulkan-drivers)",
+                _ =>
+                    "no GPU adapter was found (on a machine without a GPU, install a Vulkan driver such as Mesa's lavapipe: mesa-vulkan-drivers)",
             }
         )),
     }

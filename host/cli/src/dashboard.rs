@@ -9,19 +9,17 @@ use std::sync::OnceLock;
 
 /// Fonts the dashboard can use, looked up at run time (plotters draws text
 /// with a font it is handed; we ship none). Debian: `fonts-dejavu-core`.
-const FONT_PATHS: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-];
+const FONT_PATHS: [&str; 3] =
+    ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"];
 
 /// Register a sans-serif font once per process.
 fn font() -> Result<()> {
     static FONT: OnceLock<Result<(), String>> = OnceLock::new();
     FONT.get_or_init(|| {
-        let bytes = FONT_PATHS.iter().find_map(|p| std::fs::read(p).ok()).ok_or_else(|| {
-            format!("no font found for the dashboard (looked in {}); install fonts-dejavu-core", FONT_PATHS.join(", "))
-        })?;
+        let bytes = FONT_PATHS
+            .iter()
+            .find_map(|p| std::fs::read(p).ok())
+            .ok_or_else(|| format!("no font found for the dashboard (looked in {}); install fonts-dejavu-core", FONT_PATHS.join(", ")))?;
         // plotters keeps fonts for the whole process; the bytes live as long.
         let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
         plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| "the font file is not a usable font".to_string())
@@ -105,7 +103,13 @@ fn draw(path: &Path, charts: Vec<(&str, Vec<Series>)>) -> Result<()> {
     for (area, (title, series)) in panels.iter().zip(charts) {
         let ys: Vec<f64> = series.iter().flat_map(|s| s.2.iter().map(|p| p.1)).filter(|y| y.is_finite()).collect();
         let (lo, hi) = ys.iter().fold((f64::MAX, f64::MIN), |(a, b), &y| (a.min(y), b.max(y)));
-        let (lo, hi) = if ys.is_empty() { (0.0, 1.0) } else if hi - lo < 1e-9 { (lo - 0.5, hi + 0.5) } else { (lo, hi + 0.05 * (hi - lo)) };
+        let (lo, hi) = if ys.is_empty() {
+            (0.0, 1.0)
+        } else if hi - lo < 1e-9 {
+            (lo - 0.5, hi + 0.5)
+        } else {
+            (lo, hi + 0.05 * (hi - lo))
+        };
         let mut chart = ChartBuilder::on(area)
             .caption(title, ("sans-serif", 22))
             .margin(12)

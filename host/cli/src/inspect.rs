@@ -128,7 +128,10 @@ impl Report {
             let _ = writeln!(s, "    {lhs:<width$}  {}", k.description);
         }
         let imports = if self.imports.is_empty() { "none".to_string() } else { self.imports.join(", ") };
-        let _ = writeln!(s, "  imports       {imports}\n                (nothing granted: WASI without files, network or environment, with still clocks\n                 and fixed-seed randomness; anything else traps if called)");
+        let _ = writeln!(
+            s,
+            "  imports       {imports}\n                (nothing granted: WASI without files, network or environment, with still clocks\n                 and fixed-seed randomness; anything else traps if called)"
+        );
         let _ = writeln!(s, "  instructions");
         for line in self.env.instructions.lines() {
             let _ = writeln!(s, "    {line}");

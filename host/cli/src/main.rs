@@ -281,7 +281,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if batch == 0 || !(seconds > 0.0) {
                 bail!("--batch and --seconds must be positive");
             }
-            let report = backend::with_backend!(backend, B, device => bench::policy::<B>(&file, config.as_deref(), batch, seconds, device)?);
+            let report =
+                backend::with_backend!(backend, B, device => bench::policy::<B>(&file, config.as_deref(), batch, seconds, device)?);
             if json {
                 println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
             } else {
@@ -309,7 +310,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 let history: Vec<ragen_learner::StepMetrics> = metrics
                     .lines()
                     .enumerate()
-                    .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}/metrics.jsonl line {} is damaged", dir.display(), i + 1)))
+                    .map(|(i, l)| {
+                        serde_json::from_str(l).with_context(|| format!("{}/metrics.jsonl line {} is damaged", dir.display(), i + 1))
+                    })
                     .collect::<Result<_>>()?;
                 let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
                 let algo = ragen_learner::TrainConfig::load(&dir.join("config.toml"))

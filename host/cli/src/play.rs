@@ -81,8 +81,7 @@ pub fn play(file: &Path, seed: u64, settings: &[(String, String)], input: &mut d
                 }
                 Ok(r) => {
                     total += r.reward;
-                    let metrics: String =
-                        spec.metrics.iter().zip(&r.info.metrics).map(|(name, v)| format!(", {name} {v}")).collect();
+                    let metrics: String = spec.metrics.iter().zip(&r.info.metrics).map(|(name, v)| format!(", {name} {v}")).collect();
                     writeln!(
                         out,
                         "{}: reward {} (return {total:.2}), done {}, success {}, valid {}, effective {}{metrics}\n{}",

@@ -61,10 +61,7 @@ pub fn run(opts: Options) -> Result<()> {
     }
 
     let bar = ProgressBar::new(config.steps);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps {elapsed_precise} | {msg}")
-            .expect("a valid template"),
-    );
+    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} steps {elapsed_precise} | {msg}").expect("a valid template"));
     eprintln!("training `{}` with {:?} for {} steps into {}", opts.env.display(), config.algo, config.steps, out.display());
     let dashboard = out.join("dashboard.png");
     // The resumed part of a run, so the dashboard shows the whole run.
@@ -100,7 +97,8 @@ pub fn run(opts: Options) -> Result<()> {
             bar.println(format!("warning at step {}: update skipped: {skipped}", m.step));
         }
     };
-    let history = crate::backend::with_backend!(opts.backend, B, device => train::<B>(plugin, &config, &out, resume, device, &stop, on_step)?);
+    let history =
+        crate::backend::with_backend!(opts.backend, B, device => train::<B>(plugin, &config, &out, resume, device, &stop, on_step)?);
     bar.finish();
     let last_val = history.iter().rev().find_map(|m| m.val_success);
     eprintln!(

@@ -2,8 +2,8 @@
 //! sharing a plugin. Each check runs in a fresh instance, so one fault does
 //! not hide the others; each failure says what to fix.
 
-use ragen_runtime::{ErrorKind, Fault, FaultKind, Plugin, PluginInstance, SandboxLimits, StepResult};
 use ragen_env_sdk::SeedRng;
+use ragen_runtime::{ErrorKind, Fault, FaultKind, Plugin, PluginInstance, SandboxLimits, StepResult};
 use std::collections::HashSet;
 use std::fmt::Write;
 use std::path::Path;
@@ -109,7 +109,12 @@ impl Validator<'_> {
     }
 
     /// Play one episode from `seed` with actions drawn from the seed.
-    fn episode(&self, inst: &mut PluginInstance, env: ragen_runtime::EnvHandle, seed: u64) -> Result<(String, Vec<Record>, Vec<f64>), String> {
+    fn episode(
+        &self,
+        inst: &mut PluginInstance,
+        env: ragen_runtime::EnvHandle,
+        seed: u64,
+    ) -> Result<(String, Vec<Record>, Vec<f64>), String> {
         self.episode_with(inst, env, seed, seed ^ 0x5eed)
     }
 
@@ -223,7 +228,9 @@ impl Validator<'_> {
                 return Err(format!("seed {seed}: two resets gave different states (fix: draw randomness only from the seed)"));
             }
             if let Some(t) = run_a.iter().zip(&run_b).position(|(x, y)| x != y).or((run_a.len() != run_b.len()).then_some(0)) {
-                return Err(format!("seed {seed}, step {t}: two runs with the same actions differ (fix: draw randomness only from the seed)"));
+                return Err(format!(
+                    "seed {seed}, step {t}: two runs with the same actions differ (fix: draw randomness only from the seed)"
+                ));
             }
             steps += run_a.len();
         }
@@ -321,7 +328,9 @@ impl Validator<'_> {
                     Ok(r) if r.done => {
                         return match inst.step(env, 0).map_err(|f| faulted("step after done", &f))? {
                             Err(e) if e.kind == ErrorKind::EpisodeOver => {
-                                inst.reset(env, seed).map_err(|f| faulted("reset after done", &f))?.map_err(|e| format!("reset after done failed: {}", e.message))?;
+                                inst.reset(env, seed)
+                                    .map_err(|f| faulted("reset after done", &f))?
+                                    .map_err(|e| format!("reset after done failed: {}", e.message))?;
                                 Ok("step before reset is not-started; step after done is episode-over; reset starts over".into())
                             }
                             other => Err(format!("step after done gave {other:?}; it should be an episode-over error")),

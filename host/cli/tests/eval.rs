@@ -57,7 +57,16 @@ fn a_training_config_sets_the_eval_loop() {
     // The FrozenLake recipe: one action per turn, ten turns, its own [env]
     // and [prompt]. Its baselines must come from the same loop it trains in.
     let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs/frozenlake.toml");
-    let v = eval_json(&["--env", plugin("frozenlake").to_str().unwrap(), "--policy", "random", "--episodes", "32", "--config", config.to_str().unwrap()]);
+    let v = eval_json(&[
+        "--env",
+        plugin("frozenlake").to_str().unwrap(),
+        "--policy",
+        "random",
+        "--episodes",
+        "32",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
     assert_eq!(v["limits"]["max_turn"], 10, "{v}");
     assert_eq!(v["limits"]["max_actions_per_turn"], 1, "{v}");
     assert_eq!(v["actions_mean"], v["turns_mean"], "one action per turn: {v}");

@@ -22,7 +22,10 @@ fn a_person_solves_a_fixed_sokoban_level() {
 fn reset_and_end_of_input() {
     let (ok, screen) = play(&[plugin("frozenlake").to_str().unwrap(), "--seed", "4"], "reset 9\nreset\n");
     assert!(ok, "{screen}");
-    assert!(screen.contains("Episode with seed 4:") && screen.contains("Episode with seed 9:") && screen.contains("Episode with seed 10:"), "{screen}");
+    assert!(
+        screen.contains("Episode with seed 4:") && screen.contains("Episode with seed 9:") && screen.contains("Episode with seed 10:"),
+        "{screen}"
+    );
 }
 
 #[test]

@@ -8,7 +8,8 @@ use common::{optional, ragen_host, scratch, text};
 
 #[test]
 fn the_python_and_javascript_plugins_and_every_guide_example_pass_validate() {
-    let files = [("plugin", "guess-number"), ("plugin", "2048"), ("example", "corridor"), ("example", "corridor-py"), ("example", "corridor-js")];
+    let files =
+        [("plugin", "guess-number"), ("plugin", "2048"), ("example", "corridor"), ("example", "corridor-py"), ("example", "corridor-js")];
     for (kind, name) in files {
         let Some(file) = optional(kind, name) else { continue };
         let out = ragen_host(&["validate", file.to_str().unwrap()]);
@@ -53,7 +54,10 @@ fn a_person_plays_2048() {
     assert!(screen.contains("Actions: Up, Down, Left, Right"), "{screen}");
     assert!(screen.contains("unknown action `diagonal`"), "{screen}");
     // A 4x4 board: four rows of four cells.
-    assert!(screen.lines().any(|l| l.split_whitespace().count() == 4 && l.split_whitespace().all(|c| c == "." || c.parse::<u32>().is_ok())), "{screen}");
+    assert!(
+        screen.lines().any(|l| l.split_whitespace().count() == 4 && l.split_whitespace().all(|c| c == "." || c.parse::<u32>().is_ok())),
+        "{screen}"
+    );
 }
 
 #[test]
@@ -93,7 +97,15 @@ fn train_runs_on_the_python_and_javascript_plugins() {
         let Some(file) = optional("plugin", name) else { continue };
         let out_dir = dir.join(name);
         let _ = std::fs::remove_dir_all(&out_dir);
-        let out = ragen_host(&["train", "--env", file.to_str().unwrap(), "--config", config.to_str().unwrap(), "--out", out_dir.to_str().unwrap()]);
+        let out = ragen_host(&[
+            "train",
+            "--env",
+            file.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
         assert!(out.status.success(), "{name}: {}", text(&out));
         let metrics = std::fs::read_to_string(out_dir.join("metrics.jsonl")).unwrap();
         assert_eq!(metrics.lines().count(), 2, "{name}: {metrics}");

@@ -42,12 +42,33 @@ fn a_run_leaves_metrics_and_a_checkpoint_and_resumes_exactly() {
 
     // Vanilla StarPO, so the checkpoint must also carry the KL's frozen
     // reference model for the resumed run to match.
-    let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--algo", "starpo", "--out", a.to_str().unwrap()]);
+    let out = ragen_host(&[
+        "train",
+        "--env",
+        bandit.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--algo",
+        "starpo",
+        "--out",
+        a.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", text(&out));
     let metrics_a = std::fs::read_to_string(a.join("metrics.jsonl")).unwrap();
     assert_eq!(metrics_a.lines().count(), 6);
     let first: serde_json::Value = serde_json::from_str(metrics_a.lines().next().unwrap()).unwrap();
-    for key in ["success", "return_mean", "reward_std_before_filter", "reward_std_after_filter", "entropy", "grad_norm", "clip_fraction", "approx_kl", "response_tokens", "valid_action_ratio"] {
+    for key in [
+        "success",
+        "return_mean",
+        "reward_std_before_filter",
+        "reward_std_after_filter",
+        "entropy",
+        "grad_norm",
+        "clip_fraction",
+        "approx_kl",
+        "response_tokens",
+        "valid_action_ratio",
+    ] {
         assert!(first[key].is_number(), "metrics.jsonl lacks `{key}`: {first}");
     }
     assert!(metrics_a.lines().filter(|l| l.contains("val_success")).count() >= 2, "validation every test_freq steps");
@@ -56,13 +77,31 @@ fn a_run_leaves_metrics_and_a_checkpoint_and_resumes_exactly() {
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "dashboard.png is a real picture");
 
     // Three steps, then resume to six: the same metrics as one straight run.
-    let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--algo", "starpo", "--steps", "3", "--out", b.to_str().unwrap()]);
+    let out = ragen_host(&[
+        "train",
+        "--env",
+        bandit.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--algo",
+        "starpo",
+        "--steps",
+        "3",
+        "--out",
+        b.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", text(&out));
     let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--resume", b.to_str().unwrap(), "--steps", "6"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(b.join("checkpoint/reference.bin").exists(), "the KL's reference is saved");
-    assert_eq!(without_timings(&std::fs::read_to_string(b.join("metrics.jsonl")).unwrap()), without_timings(&metrics_a), "a resumed run continues exactly");
-    assert!(metrics_a.lines().skip(1).any(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["kl_to_reference"].as_f64().unwrap() > 0.0));
+    assert_eq!(
+        without_timings(&std::fs::read_to_string(b.join("metrics.jsonl")).unwrap()),
+        without_timings(&metrics_a),
+        "a resumed run continues exactly"
+    );
+    assert!(
+        metrics_a.lines().skip(1).any(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["kl_to_reference"].as_f64().unwrap() > 0.0)
+    );
 
     let out = ragen_host(&["eval", "--env", bandit.to_str().unwrap(), "--checkpoint", a.to_str().unwrap(), "--episodes", "32", "--json"]);
     assert!(out.status.success(), "{}", text(&out));
@@ -106,7 +145,17 @@ fn compare_draws_runs_side_by_side_and_names_a_bad_directory() {
     for algo in ["starpo", "starpo-s"] {
         let run = dir.join(algo);
         let _ = std::fs::remove_dir_all(&run);
-        let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--algo", algo, "--out", run.to_str().unwrap()]);
+        let out = ragen_host(&[
+            "train",
+            "--env",
+            bandit.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--algo",
+            algo,
+            "--out",
+            run.to_str().unwrap(),
+        ]);
         assert!(out.status.success(), "{}", text(&out));
         runs.push(run.to_str().unwrap().to_string());
     }

@@ -68,7 +68,9 @@ fn another_major_version_of_the_contract_is_refused() {
     // stays well-formed).
     let mut bytes = std::fs::read(plugin("sokoban")).unwrap();
     let mut patched = 0;
-    for (from, to) in [(&b"ragen:env/environment@0.1.0"[..], &b"ragen:env/environment@1.0.0"[..]), (b"ragen:env/types@0.1.0", b"ragen:env/types@1.0.0")] {
+    for (from, to) in
+        [(&b"ragen:env/environment@0.1.0"[..], &b"ragen:env/environment@1.0.0"[..]), (b"ragen:env/types@0.1.0", b"ragen:env/types@1.0.0")]
+    {
         let mut i = 0;
         while let Some(pos) = bytes[i..].windows(from.len()).position(|w| w == from) {
             bytes[i + pos..i + pos + from.len()].copy_from_slice(to);

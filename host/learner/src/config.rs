@@ -216,7 +216,8 @@ mod tests {
         assert_eq!(g.update.estimator, Estimator::Grpo);
         assert_eq!((g.update.clip.high, g.rollout_filter_ratio), (0.3, 1.0));
         let more: TrainConfig =
-            toml::from_str("[ppo]\nppo_epochs = 3\nppo_mini_batch_size = 8\nworld_model_coef = 0.5\n[model]\npositions = \"rotary\"\n").unwrap();
+            toml::from_str("[ppo]\nppo_epochs = 3\nppo_mini_batch_size = 8\nworld_model_coef = 0.5\n[model]\npositions = \"rotary\"\n")
+                .unwrap();
         let r = more.resolve().unwrap();
         assert_eq!((r.update.epochs, r.update.mini_batch_size, r.update.world_model_coef), (3, 8, 0.5));
         assert_eq!(more.model.positions, Positions::Rotary);

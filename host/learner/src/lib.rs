@@ -17,7 +17,7 @@ pub mod run;
 mod update;
 
 pub use advantages::{gae, grpo};
-pub use filter::RolloutFilter;
 pub use config::{Algo, Positions, TrainConfig};
+pub use filter::RolloutFilter;
 pub use run::{StepMetrics, build_learner, load_policy, train};
 pub use update::{Estimator, Learner, UpdateConfig, UpdateStats};

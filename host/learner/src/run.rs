@@ -114,7 +114,9 @@ impl CollapseAlarm {
         if n < 2 * Self::WINDOW {
             return None;
         }
-        let mean = |r: std::ops::Range<usize>, f: &dyn Fn(&(f64, f32, f64)) -> f64| self.history[r.clone()].iter().map(f).sum::<f64>() / r.len() as f64;
+        let mean = |r: std::ops::Range<usize>, f: &dyn Fn(&(f64, f32, f64)) -> f64| {
+            self.history[r.clone()].iter().map(f).sum::<f64>() / r.len() as f64
+        };
         let (old, new) = (n - 2 * Self::WINDOW..n - Self::WINDOW, n - Self::WINDOW..n);
         let std_drop = mean(new.clone(), &|h| h.0) < 0.7 * mean(old.clone(), &|h| h.0);
         let ent_drop = mean(new.clone(), &|h| h.1 as f64) < 0.7 * mean(old.clone(), &|h| h.1 as f64);
@@ -156,7 +158,8 @@ pub fn train<B: AutodiffBackend>(
     let mut start = 0;
     if resume {
         let state: CheckpointState = serde_json::from_str(
-            &std::fs::read_to_string(dir.checkpoint().join("state.json")).with_context(|| format!("no checkpoint to resume in `{}`", out.display()))?,
+            &std::fs::read_to_string(dir.checkpoint().join("state.json"))
+                .with_context(|| format!("no checkpoint to resume in `{}`", out.display()))?,
         )
         .context("the checkpoint's state.json is damaged")?;
         learner.load(&dir.checkpoint())?;
@@ -181,14 +184,16 @@ pub fn train<B: AutodiffBackend>(
     let mut skipped_in_a_row = 0;
     for step in start..config.steps {
         let seed = next_seed(config.seed ^ (step << 32));
-        let mut policy = BurnPolicy::new(learner.policy_model(), tokenizer.clone(), think, limits.max_actions_per_turn, sampling, seed, device.clone());
+        let mut policy =
+            BurnPolicy::new(learner.policy_model(), tokenizer.clone(), think, limits.max_actions_per_turn, sampling, seed, device.clone());
         let groups = group_seeds(config.seed, step, config.agent.rollout.env_groups);
         let clock = std::time::Instant::now();
         let ts = runner.run(&mut policy, &groups)?;
         let rollout_seconds = clock.elapsed().as_secs_f64();
         let before = summarize(&ts);
 
-        let group_rewards: Vec<Vec<f32>> = (0..groups.len()).map(|g| ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()).collect();
+        let group_rewards: Vec<Vec<f32>> =
+            (0..groups.len()).map(|g| ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()).collect();
         let kept = filter.keep(&group_rewards);
         let batch: Vec<&Trajectory> = ts.iter().filter(|t| kept.contains(&t.group)).collect();
         let std_after = kept.iter().map(|&g| std(&group_rewards[g]) as f64).sum::<f64>() / kept.len().max(1) as f64;
@@ -211,8 +216,15 @@ pub fn train<B: AutodiffBackend>(
         let last = step + 1 == config.steps;
         let val_success = if (step + 1) % config.test_freq.max(1) == 0 || last || step == 0 {
             let val_sampling = SamplingConfig { temperature: config.sampling.val_temperature as f32, ..sampling };
-            let mut val_policy =
-                BurnPolicy::new(learner.policy_model(), tokenizer.clone(), think, limits.max_actions_per_turn, val_sampling, seed ^ 1, device.clone());
+            let mut val_policy = BurnPolicy::new(
+                learner.policy_model(),
+                tokenizer.clone(),
+                think,
+                limits.max_actions_per_turn,
+                val_sampling,
+                seed ^ 1,
+                device.clone(),
+            );
             let seeds: Vec<u64> = (0..config.val_episodes.max(1) as u64).map(|i| ragen_agent::EVAL_SEED_START + i).collect();
             Some(summarize(&val_runner.run(&mut val_policy, &seeds)?).success_rate)
         } else {
@@ -291,11 +303,16 @@ fn save_checkpoint<B: AutodiffBackend>(learner: &Learner<B>, dir: &RunDir, step:
 
 /// The tokenizer, grammar, model and learner a config describes for an env
 /// (freshly initialised; training and evaluation share this).
-pub fn build_learner<B: AutodiffBackend>(config: &TrainConfig, spec: &ragen_runtime::EnvSpec, device: B::Device) -> Result<(Learner<B>, PluginTokenizer)> {
+pub fn build_learner<B: AutodiffBackend>(
+    config: &TrainConfig,
+    spec: &ragen_runtime::EnvSpec,
+    device: B::Device,
+) -> Result<(Learner<B>, PluginTokenizer)> {
     let resolved = config.resolve()?;
     let tokenizer = PluginTokenizer::with_text(spec, &config.agent.prompt.texts());
     let limits = config.agent.rollout.limits(spec);
-    let grammar = AnswerGrammar::new(&tokenizer, config.agent.rollout.enable_think, config.sampling.think_budget, limits.max_actions_per_turn);
+    let grammar =
+        AnswerGrammar::new(&tokenizer, config.agent.rollout.enable_think, config.sampling.think_budget, limits.max_actions_per_turn);
     let m = &config.model;
     let model = PolicyModelConfig::new(tokenizer.vocab_size())
         .with_d_model(m.d_model)
@@ -308,7 +325,11 @@ pub fn build_learner<B: AutodiffBackend>(config: &TrainConfig, spec: &ragen_runt
 }
 
 /// Load a trained policy from a run directory for evaluation.
-pub fn load_policy<B: AutodiffBackend>(run: &Path, spec: &ragen_runtime::EnvSpec, device: B::Device) -> Result<(TrainConfig, Learner<B>, PluginTokenizer)> {
+pub fn load_policy<B: AutodiffBackend>(
+    run: &Path,
+    spec: &ragen_runtime::EnvSpec,
+    device: B::Device,
+) -> Result<(TrainConfig, Learner<B>, PluginTokenizer)> {
     let dir = RunDir(run.to_path_buf());
     let config = TrainConfig::load(&dir.config())?;
     let (mut learner, tokenizer) = build_learner::<B>(&config, spec, device)?;

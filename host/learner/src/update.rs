@@ -190,7 +190,9 @@ where
             Err(e) => bail!("cannot read the model from `{}`: {e}", dir.display()),
         };
         self.model = Some(model);
-        let record = recorder.load(dir.join("optimizer"), &self.device).with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
+        let record = recorder
+            .load(dir.join("optimizer"), &self.device)
+            .with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
         self.optimizer = self.optimizer.clone().load_record(record);
         if let Some(reference) = self.reference.take() {
             let device = self.device.clone();
@@ -394,8 +396,10 @@ where
         let pg = policy_loss(logp.clone(), floats(old_logp), floats(gather(advantages)), mask.clone(), cfg.clip);
         let vl = value_loss(Tensor::cat(values, 0), floats(gather(old_values)), floats(gather(returns)), mask.clone(), cfg.value_clip);
         let ent = masked_mean(Tensor::cat(entropies, 0), mask.clone());
-        let kl = if ref_logps.is_empty() { Tensor::<B, 1>::zeros([1], device) } else { kl_to_reference(logp, floats(gather(ref_logps)), mask) };
-        let loss = pg.loss.clone() + vl.clone() * if cfg.estimator == Estimator::Gae { cfg.value_coef } else { 0.0 } - ent.clone() * cfg.entropy_coef
+        let kl =
+            if ref_logps.is_empty() { Tensor::<B, 1>::zeros([1], device) } else { kl_to_reference(logp, floats(gather(ref_logps)), mask) };
+        let loss = pg.loss.clone() + vl.clone() * if cfg.estimator == Estimator::Gae { cfg.value_coef } else { 0.0 }
+            - ent.clone() * cfg.entropy_coef
             + kl.clone() * cfg.kl_coef
             + wm.clone() * cfg.world_model_coef;
 
@@ -440,9 +444,17 @@ struct Scores<B: Backend> {
 
 /// One forward pass over `chunk`, right-padded (padding sits after each
 /// row's last token, so the causal mask already hides it).
-fn score<B: Backend, N: PolicyNetwork<B>>(net: &N, chunk: &[&Row], vocab: usize, temperature: f64, world_model: bool, device: &B::Device) -> Scores<B> {
+fn score<B: Backend, N: PolicyNetwork<B>>(
+    net: &N,
+    chunk: &[&Row],
+    vocab: usize,
+    temperature: f64,
+    world_model: bool,
+    device: &B::Device,
+) -> Scores<B> {
     let l = chunk.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-    let ids: Vec<i64> = chunk.iter().flat_map(|r| r.tokens.iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, l - r.tokens.len()))).collect();
+    let ids: Vec<i64> =
+        chunk.iter().flat_map(|r| r.tokens.iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, l - r.tokens.len()))).collect();
     // Token i of row r is predicted at flat position r·l + i − 1.
     let picks: Vec<i64> = chunk.iter().enumerate().flat_map(|(r, row)| row.agent.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
     let n = picks.len();
@@ -456,7 +468,8 @@ fn score<B: Backend, N: PolicyNetwork<B>>(net: &N, chunk: &[&Row], vocab: usize,
     let (logits, values) = net.logits_and_values(ids); // [c, l, v], [c, l]
     let logits = logits.reshape([chunk.len() * l, vocab]); // [c·l, v]
     let world_model = world_model.then(|| {
-        let at: Vec<i64> = chunk.iter().enumerate().flat_map(|(r, row)| row.observed.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
+        let at: Vec<i64> =
+            chunk.iter().enumerate().flat_map(|(r, row)| row.observed.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
         let m = at.len();
         let next: Vec<i64> = chunk.iter().flat_map(|r| r.observed.iter().map(|&i| r.tokens[i] as i64)).collect();
         let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at, [m]), device);

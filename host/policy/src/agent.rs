@@ -94,8 +94,7 @@ impl<B: Backend> Policy for BurnPolicy<B> {
     fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {
         let budget = self.grammar.max_reply_tokens();
         let prompts: Vec<Vec<u32>> = contexts.iter().map(|c| self.prompt_tokens(c)).collect();
-        let mut rngs: Vec<Option<SeedRng>> =
-            (0..contexts.len() as u64).map(|i| Some(SeedRng::stream(self.seed, self.drawn + i))).collect();
+        let mut rngs: Vec<Option<SeedRng>> = (0..contexts.len() as u64).map(|i| Some(SeedRng::stream(self.seed, self.drawn + i))).collect();
         self.drawn += contexts.len() as u64;
         // Similar lengths share a batch, so little of it is padding.
         let mut order: Vec<usize> = (0..prompts.len()).collect();

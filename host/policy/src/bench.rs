@@ -6,8 +6,8 @@
 use crate::grammar::AnswerGrammar;
 use crate::model::PolicyModel;
 use crate::sample::sample_batch_with;
-use burn::prelude::*;
 use burn::module::AutodiffModule;
+use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_env_sdk::SeedRng;
 use serde::Serialize;
@@ -71,10 +71,12 @@ pub fn bench_policy<B: AutodiffBackend>(
                 config.prompts[next_row % b].as_slice()
             })
             .collect();
-        let mut rngs: Vec<SeedRng> = (0..rows).map(|_| {
-            stream += 1;
-            SeedRng::stream(7, stream)
-        }).collect();
+        let mut rngs: Vec<SeedRng> = (0..rows)
+            .map(|_| {
+                stream += 1;
+                SeedRng::stream(7, stream)
+            })
+            .collect();
         let out = sample_batch_with(&inference, &prompts, grammar, 1.0, budget, &mut rngs, device, use_cache);
         out.iter().map(|s| s.tokens.len()).sum::<usize>()
     };
@@ -84,8 +86,7 @@ pub fn bench_policy<B: AutodiffBackend>(
 
     let longest = config.prompts.iter().map(Vec::len).max().unwrap_or(0);
     let len = (longest + budget).min(model.max_seq_len());
-    let ids: Vec<i64> =
-        config.prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64).chain(std::iter::repeat(0)).take(len)).collect();
+    let ids: Vec<i64> = config.prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64).chain(std::iter::repeat(0)).take(len)).collect();
     let train = rate(config.min_time, || {
         let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.clone(), [b, len]), device);
         let (logits, values) = model.forward(tokens); // [b, len, v], [b, len]

@@ -129,7 +129,8 @@ impl<B: Backend> KvCache<B> {
     /// This cache (of one row) copied into `b` rows, for prompts that all
     /// start with what it holds.
     pub fn repeat(&self, b: usize) -> Self {
-        let layers = self.layers.iter().map(|l| l.as_ref().map(|(k, v)| (k.clone().repeat_dim(0, b), v.clone().repeat_dim(0, b)))).collect();
+        let layers =
+            self.layers.iter().map(|l| l.as_ref().map(|(k, v)| (k.clone().repeat_dim(0, b), v.clone().repeat_dim(0, b)))).collect();
         Self { layers, len: self.len, gaps: Vec::new() }
     }
 
@@ -172,7 +173,12 @@ impl<B: Backend> PolicyModel<B> {
     pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
         let [b, t] = tokens.dims();
         let offset = cache.len;
-        assert!(offset + t <= self.max_seq_len, "sequence of {} tokens exceeds max_seq_len {}; raise it in the model config", offset + t, self.max_seq_len);
+        assert!(
+            offset + t <= self.max_seq_len,
+            "sequence of {} tokens exceeds max_seq_len {}; raise it in the model config",
+            offset + t,
+            self.max_seq_len
+        );
         let device = tokens.device();
         let p = offset + t;
         // Each new token's position, row by row (`[b, t]`).
@@ -267,7 +273,8 @@ impl<B: Backend> Rotation<B> {
     fn new(positions: &[i64], [b, t]: [usize; 2], k: usize, device: &B::Device) -> Self {
         assert!(k % 2 == 0, "rotary positions need an even head width, not {k}");
         let half = k / 2;
-        let angles: Vec<f32> = positions.iter().flat_map(|&p| (0..half).map(move |i| p as f32 / 10_000f32.powf(2.0 * i as f32 / k as f32))).collect();
+        let angles: Vec<f32> =
+            positions.iter().flat_map(|&p| (0..half).map(move |i| p as f32 / 10_000f32.powf(2.0 * i as f32 / k as f32))).collect();
         let cos = angles.iter().map(|a| a.cos()).collect::<Vec<_>>();
         let sin = angles.iter().map(|a| a.sin()).collect::<Vec<_>>();
         let tensor = |v: Vec<f32>| Tensor::<B, 4>::from_data(TensorData::new(v, [b, 1, t, half]), device);

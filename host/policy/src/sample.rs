@@ -89,7 +89,14 @@ pub fn sample_batch_with<B: Backend>(
     // the uncached path feeds whole at every step).
     let mut ids: Vec<Vec<i64>> = rest
         .iter()
-        .map(|p| prompts[0][..shared].iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, longest - p.len())).chain(p.iter().map(|&x| x as i64)).collect())
+        .map(|p| {
+            prompts[0][..shared]
+                .iter()
+                .map(|&x| x as i64)
+                .chain(std::iter::repeat_n(0, longest - p.len()))
+                .chain(p.iter().map(|&x| x as i64))
+                .collect()
+        })
         .collect();
     let mut cache = KvCache::new(model.n_layers());
     if shared > 0 {

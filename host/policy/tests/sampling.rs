@@ -4,7 +4,9 @@ use burn::backend::Flex;
 use burn::prelude::*;
 use ragen_agent::{ResponseParser, Tokenizer};
 use ragen_env_sdk::SeedRng;
-use ragen_policy::{AnswerGrammar, PluginTokenizer, PolicyModel, PolicyModelConfig, masked_logprobs, sample, sample_batch, sample_batch_with};
+use ragen_policy::{
+    AnswerGrammar, PluginTokenizer, PolicyModel, PolicyModelConfig, masked_logprobs, sample, sample_batch, sample_batch_with,
+};
 use ragen_runtime::{EnvSpec, LegendEntry, Limits};
 
 type B = Flex;
@@ -20,7 +22,12 @@ fn spec() -> EnvSpec {
 }
 
 fn model(tok: &PluginTokenizer) -> PolicyModel<B> {
-    PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(2).with_n_heads(4).with_max_seq_len(256).init(&Default::default())
+    PolicyModelConfig::new(tok.vocab_size())
+        .with_d_model(32)
+        .with_n_layers(2)
+        .with_n_heads(4)
+        .with_max_seq_len(256)
+        .init(&Default::default())
 }
 
 /// The model with learned positions, then with rotary ones: the cache,

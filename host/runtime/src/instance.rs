@@ -31,11 +31,7 @@ impl PluginInstance {
     }
 
     /// Run one call under a fresh time budget and classify any failure.
-    fn call<T>(
-        &mut self,
-        name: &str,
-        f: impl FnOnce(&EnvPlugin, &mut Store<StoreState>) -> wasmtime::Result<T>,
-    ) -> Result<T, Fault> {
+    fn call<T>(&mut self, name: &str, f: impl FnOnce(&EnvPlugin, &mut Store<StoreState>) -> wasmtime::Result<T>) -> Result<T, Fault> {
         if let Some(fault) = &self.broken {
             return Err(Fault {
                 kind: fault.kind,

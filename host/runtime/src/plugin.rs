@@ -63,9 +63,7 @@ impl Plugin {
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker).anyhow().context("cannot link the sandbox's WASI")?;
         wasi::trap_unlinked_imports(&mut linker, &component, &engine).anyhow().with_context(fail)?;
-        let pre = EnvPluginPre::new(linker.instantiate_pre(&component).anyhow().with_context(fail)?)
-            .anyhow()
-            .with_context(fail)?;
+        let pre = EnvPluginPre::new(linker.instantiate_pre(&component).anyhow().with_context(fail)?).anyhow().with_context(fail)?;
         sandbox::start_epoch_ticker(&engine);
 
         Ok(Self { engine, pre, limits, contract_version, imports, size_bytes: bytes.len(), source: source.to_string() })
@@ -77,11 +75,7 @@ impl Plugin {
         store.limiter(|state| &mut state.memory);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(self.limits.deadline_ticks());
-        let bindings = self
-            .pre
-            .instantiate(&mut store)
-            .anyhow()
-            .with_context(|| format!("cannot instantiate plugin `{}`", self.source))?;
+        let bindings = self.pre.instantiate(&mut store).anyhow().with_context(|| format!("cannot instantiate plugin `{}`", self.source))?;
         Ok(PluginInstance::new(store, bindings, self.limits.clone()))
     }
 

@@ -173,12 +173,8 @@ fn describe_trap(error: &wasmtime::Error) -> String {
         return "the plugin panicked".to_string();
     }
     let root = error.root_cause().to_string();
-    let frames: Vec<&str> = full
-        .lines()
-        .filter_map(|l| l.split_once(" - ").map(|(_, f)| f.trim()))
-        .filter(|f| !f.starts_with("<unknown>"))
-        .take(3)
-        .collect();
+    let frames: Vec<&str> =
+        full.lines().filter_map(|l| l.split_once(" - ").map(|(_, f)| f.trim())).filter(|f| !f.starts_with("<unknown>")).take(3).collect();
     if frames.is_empty() {
         format!("the plugin trapped: {root}")
     } else {

@@ -69,9 +69,7 @@ impl Shard {
         let mut instance = plugin.instantiate()?;
         let mut slots = Vec::with_capacity(ids.len());
         for &id in ids {
-            let handle = instance
-                .create(&settings)?
-                .map_err(|e| anyhow::anyhow!("the plugin rejected the settings: {}", e.message))?;
+            let handle = instance.create(&settings)?.map_err(|e| anyhow::anyhow!("the plugin rejected the settings: {}", e.message))?;
             slots.push(Slot { id, handle: Some(handle), episode: Episode::Fresh });
         }
         Ok(Self { plugin, settings, instance, slots, restarts: 0 })

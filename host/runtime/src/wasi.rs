@@ -26,9 +26,9 @@
 use rand_chacha::ChaCha8Rng;
 use rand_core::SeedableRng;
 use std::time::Duration;
+use wasmtime::Engine;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, Linker, ResourceTable, ResourceType};
-use wasmtime::Engine;
 use wasmtime_wasi::p2::pipe::{MemoryOutputPipe, SinkOutputStream};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
@@ -114,11 +114,7 @@ fn is_linked_wasi(import: &str) -> bool {
 /// a trapping 0.2.9 instance that shadows the linked 0.2.12 one, and it
 /// defines a fresh resource for every resource an instance merely re-uses
 /// (`pollable` in `monotonic-clock`), which then fails the type check.
-pub(crate) fn trap_unlinked_imports<T: 'static>(
-    linker: &mut Linker<T>,
-    component: &Component,
-    engine: &Engine,
-) -> wasmtime::Result<()> {
+pub(crate) fn trap_unlinked_imports<T: 'static>(linker: &mut Linker<T>, component: &Component, engine: &Engine) -> wasmtime::Result<()> {
     // Resource types the component has already met in an earlier import: a
     // later instance that names one of them re-uses it and needs nothing.
     let mut seen: Vec<ResourceType> = Vec::new();
@@ -150,9 +146,7 @@ pub(crate) fn trap_unlinked_imports<T: 'static>(
             }
             ComponentItem::ComponentFunc(_) => {
                 let what = name.to_string();
-                linker.root().func_new(name, move |_, _, _, _| {
-                    wasmtime::bail!("the sandbox grants no `{what}` (the plugin called it)")
-                })?;
+                linker.root().func_new(name, move |_, _, _, _| wasmtime::bail!("the sandbox grants no `{what}` (the plugin called it)"))?;
             }
             _ => {}
         }

@@ -2,8 +2,8 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 fn dir(var: &str, default: &str) -> PathBuf {
