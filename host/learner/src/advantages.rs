@@ -1,4 +1,104 @@
-//! Advantage estimators.
+//! Advantage estimators, and the choice between them.
+//!
+//! [`Estimator`] is the one place that knows which estimators exist: adding
+//! one means a variant, its name in [`Estimator::parse`], and its arm in
+//! [`Estimator::estimate`], all in this file.
+
+use anyhow::{Result, bail};
+
+/// Where advantages come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Estimator {
+    /// PPO with the critic: GAE over agent tokens.
+    Gae,
+    /// GRPO: group-normalised trajectory rewards, no critic.
+    Grpo,
+}
+
+/// What an estimator reads of one sequence of the batch. A trajectory is one
+/// sequence, or with a context window one per reply; a trajectory's
+/// sequences are adjacent and share `trajectory`.
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceInput<'a> {
+    /// Which trajectory of the batch the sequence belongs to.
+    pub trajectory: usize,
+    /// The trajectory's group (members share a seed).
+    pub group: usize,
+    /// The trajectory's reward (format penalties included).
+    pub reward: f32,
+    /// The critic's values at the sequence's agent tokens, before the update.
+    pub values: &'a [f32],
+}
+
+impl Estimator {
+    /// The config name (`ppo.adv_estimator`) of an estimator.
+    pub fn parse(name: &str) -> Result<Self> {
+        Ok(match name {
+            "gae" => Self::Gae,
+            "grpo" => Self::Grpo,
+            other => bail!("ppo.adv_estimator `{other}`: use `gae` (PPO with a critic) or `grpo`"),
+        })
+    }
+
+    /// Whether the critic's value loss is part of the objective.
+    pub fn uses_critic(self) -> bool {
+        match self {
+            Self::Gae => true,
+            Self::Grpo => false,
+        }
+    }
+
+    /// Advantages and returns per agent token of each sequence, whitened
+    /// over the batch (returns are not whitened: they are the critic's
+    /// regression target).
+    pub fn estimate(self, sequences: &[SequenceInput<'_>], gamma: f32, lambda: f32) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+        let (mut advantages, mut returns) = (Vec::with_capacity(sequences.len()), Vec::with_capacity(sequences.len()));
+        match self {
+            Self::Gae => {
+                // Over all of a trajectory's agent tokens, across its
+                // sequences, with the reward on the last one.
+                for trajectory in sequences.chunk_by(|a, b| a.trajectory == b.trajectory) {
+                    let values: Vec<f32> = trajectory.iter().flat_map(|s| s.values.iter().copied()).collect();
+                    let mut rewards = vec![0.0; values.len()];
+                    if let Some(last) = rewards.last_mut() {
+                        *last = trajectory[0].reward;
+                    }
+                    let (a, ret) = gae(&rewards, &values, gamma, lambda);
+                    let mut at = 0;
+                    for s in trajectory {
+                        advantages.push(a[at..at + s.values.len()].to_vec());
+                        returns.push(ret[at..at + s.values.len()].to_vec());
+                        at += s.values.len();
+                    }
+                }
+            }
+            Self::Grpo => {
+                let rewards: Vec<f32> = sequences.iter().map(|s| s.reward).collect();
+                let groups: Vec<usize> = sequences.iter().map(|s| s.group).collect();
+                for (a, s) in grpo(&rewards, &groups, 1e-6).into_iter().zip(sequences) {
+                    advantages.push(vec![a; s.values.len()]);
+                    returns.push(vec![s.reward; s.values.len()]);
+                }
+            }
+        }
+        whiten(&mut advantages);
+        (advantages, returns)
+    }
+}
+
+/// Shift and scale every token's advantage to mean 0 and std 1 over the
+/// batch.
+fn whiten(advantages: &mut [Vec<f32>]) {
+    let n = advantages.iter().map(Vec::len).sum::<usize>() as f32;
+    if n == 0.0 {
+        return;
+    }
+    let mean = advantages.iter().flatten().sum::<f32>() / n;
+    let std = (advantages.iter().flatten().map(|a| (a - mean).powi(2)).sum::<f32>() / n).sqrt();
+    for a in advantages.iter_mut().flatten() {
+        *a = (*a - mean) / (std + 1e-8);
+    }
+}
 
 /// Generalised advantage estimation over one trajectory's agent tokens.
 ///
@@ -87,5 +187,26 @@ mod tests {
         close(&adv, &[-1.0 / s, 1.0 / s, 0.0, 0.0, 0.0]);
         // A group of one keeps its reward.
         close(&grpo(&[0.7], &[0], 1e-6), &[0.7 / (1.0 + 1e-6)]);
+    }
+
+    #[test]
+    fn gae_runs_across_a_trajectorys_sequences_and_the_result_is_whitened() {
+        // Trajectory 0 read two windows (values 0.5 | 0.2, 0.4), trajectory 1 one.
+        let seqs = [
+            SequenceInput { trajectory: 0, group: 0, reward: 1.0, values: &[0.5] },
+            SequenceInput { trajectory: 0, group: 0, reward: 1.0, values: &[0.2, 0.4] },
+            SequenceInput { trajectory: 1, group: 0, reward: 0.0, values: &[0.3] },
+        ];
+        let (adv, ret) = Estimator::Gae.estimate(&seqs, 1.0, 1.0);
+        // Raw advantages R − V: [0.5 | 0.8, 0.6 | −0.3]; returns R.
+        assert_eq!(ret, vec![vec![1.0], vec![1.0, 1.0], vec![0.0]]);
+        let raw = [0.5f32, 0.8, 0.6, -0.3];
+        let mean = raw.iter().sum::<f32>() / 4.0;
+        let std = (raw.iter().map(|a| (a - mean).powi(2)).sum::<f32>() / 4.0).sqrt();
+        let flat: Vec<f32> = adv.concat();
+        close(&flat, &raw.map(|a| (a - mean) / (std + 1e-8)));
+        assert!(Estimator::Gae.uses_critic() && !Estimator::Grpo.uses_critic());
+        assert!(Estimator::parse("vtrace").unwrap_err().to_string().contains("gae"));
+        assert_eq!(Estimator::parse("grpo").unwrap(), Estimator::Grpo);
     }
 }

@@ -1,10 +1,12 @@
 //! A training run's configuration: a preset (`algo`) and every key of it
 //! overridable, named as in RAGEN where one exists.
 
+use crate::advantages::Estimator;
 use crate::loss::Clip;
-use crate::update::{Estimator, UpdateConfig};
+use crate::update::UpdateConfig;
 use anyhow::{Context, Result};
 use ragen_agent::AgentConfig;
+use ragen_policy::PolicyModelConfig;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -20,29 +22,60 @@ pub enum Algo {
     Grpo,
 }
 
-/// `[model]`: the transformer's size. The default learns on 2 CPU cores.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ModelSection {
-    pub d_model: usize,
-    pub n_layers: usize,
-    pub n_heads: usize,
-    pub max_seq_len: usize,
-    /// `"rotary"` (RoPE) or `"learned"` (an embedding per absolute position).
-    pub positions: Positions,
-}
-
-/// How the model knows where a token sits.
+/// How the model knows where a token sits (`[model] positions`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Positions {
+    /// An embedding per absolute position.
     Learned,
+    /// RoPE ([`PolicyModelConfig::rotary`]).
     Rotary,
 }
 
-impl Default for ModelSection {
-    fn default() -> Self {
-        Self { d_model: 64, n_layers: 2, n_heads: 4, max_seq_len: 2048, positions: Positions::Learned }
+/// `[model]` in a config file: the keys of Burn's own [`PolicyModelConfig`],
+/// each optional (absent takes that config's default), unknown keys
+/// refused. `vocab_size` is not a key: the tokenizer built from the plugin
+/// decides it. `positions = "rotary" | "learned"` stands for its `rotary`.
+mod model_keys {
+    use super::Positions;
+    use ragen_policy::PolicyModelConfig;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Keys {
+        d_model: Option<usize>,
+        n_layers: Option<usize>,
+        n_heads: Option<usize>,
+        mlp_ratio: Option<usize>,
+        max_seq_len: Option<usize>,
+        positions: Option<Positions>,
+    }
+
+    pub fn serialize<S: Serializer>(c: &PolicyModelConfig, s: S) -> Result<S::Ok, S::Error> {
+        Keys {
+            d_model: Some(c.d_model),
+            n_layers: Some(c.n_layers),
+            n_heads: Some(c.n_heads),
+            mlp_ratio: Some(c.mlp_ratio),
+            max_seq_len: Some(c.max_seq_len),
+            positions: Some(if c.rotary { Positions::Rotary } else { Positions::Learned }),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PolicyModelConfig, D::Error> {
+        let k = Keys::deserialize(d)?;
+        let base = PolicyModelConfig::new(0);
+        Ok(PolicyModelConfig {
+            vocab_size: 0,
+            d_model: k.d_model.unwrap_or(base.d_model),
+            n_layers: k.n_layers.unwrap_or(base.n_layers),
+            n_heads: k.n_heads.unwrap_or(base.n_heads),
+            mlp_ratio: k.mlp_ratio.unwrap_or(base.mlp_ratio),
+            max_seq_len: k.max_seq_len.unwrap_or(base.max_seq_len),
+            rotary: k.positions.map_or(base.rotary, |p| p == Positions::Rotary),
+        })
     }
 }
 
@@ -108,7 +141,10 @@ pub struct TrainConfig {
     pub val_episodes: usize,
     #[serde(flatten)]
     pub agent: AgentConfig,
-    pub model: ModelSection,
+    /// `[model]`: the policy transformer's shape (see [`model_keys`] for
+    /// how the file names it); its vocabulary is the tokenizer's.
+    #[serde(with = "model_keys")]
+    pub model: PolicyModelConfig,
     pub sampling: SamplingSection,
     pub ppo: PpoSection,
 }
@@ -123,7 +159,7 @@ impl Default for TrainConfig {
             save_freq: 10,
             val_episodes: 256,
             agent: AgentConfig::default(),
-            model: ModelSection::default(),
+            model: PolicyModelConfig::new(0),
             sampling: SamplingSection::default(),
             ppo: PpoSection::default(),
         }
@@ -134,7 +170,6 @@ impl Default for TrainConfig {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Resolved {
     pub update: UpdateConfig,
-    pub kl_coef: f64,
     pub rollout_filter_ratio: f64,
 }
 
@@ -167,11 +202,7 @@ impl TrainConfig {
         }
         let p = &self.ppo;
         if let Some(e) = &p.adv_estimator {
-            u.estimator = match e.as_str() {
-                "gae" => Estimator::Gae,
-                "grpo" => Estimator::Grpo,
-                other => anyhow::bail!("ppo.adv_estimator `{other}`: use `gae` (PPO with a critic) or `grpo`"),
-            };
+            u.estimator = Estimator::parse(e)?;
         }
         u.clip.low = p.clip_ratio_low.unwrap_or(u.clip.low);
         u.clip.high = p.clip_ratio_high.unwrap_or(u.clip.high);
@@ -199,7 +230,7 @@ impl TrainConfig {
             anyhow::bail!("ppo.kl_coef {kl_coef}: use 0 (StarPO-S: no reference model) or a small positive weight such as 0.001");
         }
         u.kl_coef = kl_coef;
-        Ok(Resolved { update: u, kl_coef, rollout_filter_ratio })
+        Ok(Resolved { update: u, rollout_filter_ratio })
     }
 }
 
@@ -220,7 +251,14 @@ mod tests {
                 .unwrap();
         let r = more.resolve().unwrap();
         assert_eq!((r.update.epochs, r.update.mini_batch_size, r.update.world_model_coef), (3, 8, 0.5));
-        assert_eq!(more.model.positions, Positions::Rotary);
+        assert!(more.model.rotary);
+        // `[model]` is Burn's config: absent keys take its defaults, unknown
+        // keys are named.
+        let d = PolicyModelConfig::new(0);
+        assert_eq!(TrainConfig::default().model, d);
+        let m: TrainConfig = toml::from_str("[model]\nd_model = 32\n").unwrap();
+        assert_eq!((m.model.d_model, m.model.n_layers, m.model.max_seq_len, m.model.rotary), (32, d.n_layers, d.max_seq_len, false));
+        assert!(toml::from_str::<TrainConfig>("[model]\nd_modl = 32\n").unwrap_err().to_string().contains("d_modl"));
         assert_eq!((s.update.epochs, s.update.mini_batch_size, s.update.world_model_coef), (1, 0, 0.0), "the reference's defaults");
         let zero: TrainConfig = toml::from_str("[ppo]\nppo_epochs = 0\n").unwrap();
         assert!(zero.resolve().unwrap_err().to_string().contains("ppo_epochs"));

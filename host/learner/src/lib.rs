@@ -13,11 +13,13 @@ mod advantages;
 pub mod config;
 mod filter;
 pub mod loss;
+pub mod metrics;
 pub mod run;
 mod update;
 
-pub use advantages::{gae, grpo};
+pub use advantages::{Estimator, SequenceInput, gae, grpo};
 pub use config::{Algo, Positions, TrainConfig};
 pub use filter::RolloutFilter;
-pub use run::{StepMetrics, build_learner, load_policy, train};
-pub use update::{Estimator, Learner, UpdateConfig, UpdateStats};
+pub use metrics::{StepMetrics, read_metrics};
+pub use run::{build_learner, load_policy, train};
+pub use update::{Learner, UpdateConfig, UpdateStats};

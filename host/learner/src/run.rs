@@ -9,6 +9,7 @@
 
 use crate::config::TrainConfig;
 use crate::filter::{RolloutFilter, std};
+use crate::metrics::{StepMetrics, read_metrics};
 use crate::update::{Learner, UpdateStats};
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
@@ -20,56 +21,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// One line of `metrics.jsonl`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StepMetrics {
-    pub step: u64,
-    pub success: f64,
-    pub return_mean: f64,
-    /// Mean in-group reward std before and after the variance filter.
-    pub reward_std_before_filter: f64,
-    pub reward_std_after_filter: f64,
-    pub groups_kept: usize,
-    pub entropy: f32,
-    pub grad_norm: f32,
-    pub policy_loss: f32,
-    pub value_loss: f32,
-    pub clip_fraction: f32,
-    pub approx_kl: f32,
-    /// KL to the frozen initial policy (0 unless `kl_coef` is set).
-    #[serde(default)]
-    pub kl_to_reference: f32,
-    /// Trajectories of the update longer than the model's context (only
-    /// their last `max_seq_len` tokens were trained on); raise
-    /// `model.max_seq_len` if this is often above 0.
-    #[serde(default)]
-    pub truncated_trajectories: usize,
-    /// The auxiliary next-observation loss (0 when it is off).
-    #[serde(default)]
-    pub world_model_loss: f32,
-    /// AdamW steps this step took (`ppo_epochs` x mini-batches).
-    #[serde(default)]
-    pub optimizer_steps: usize,
-    pub response_tokens: f64,
-    pub valid_action_ratio: f64,
-    pub effective_action_ratio: f64,
-    /// Validation success (256 fixed seeds from 123 by default), on test steps.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub val_success: Option<f64>,
-    /// Wall-clock seconds of this step's rollouts and update (not part of
-    /// what a resumed run must reproduce).
-    #[serde(default)]
-    pub rollout_seconds: f64,
-    #[serde(default)]
-    pub update_seconds: f64,
-    /// Set when the update was skipped (e.g. a non-finite gradient).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub skipped: Option<String>,
-    /// Set when the Echo-Trap alarm fired at this step.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub collapse_alarm: Option<String>,
-}
 
 /// What the checkpoint remembers besides the weights.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -141,92 +92,139 @@ pub fn train<B: AutodiffBackend>(
     stop: &AtomicBool,
     mut on_step: impl FnMut(&StepMetrics),
 ) -> Result<Vec<StepMetrics>> {
-    let resolved = config.resolve()?;
-    let dir = RunDir(out.to_path_buf());
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create the run directory `{}`", out.display()))?;
-    let settings = config.agent.env_settings(&[]);
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let runner = RolloutRunner::new(plugin.clone(), &settings, config.agent.rollout.clone(), config.agent.prompt.clone(), threads)?;
-    let val_rollout = RolloutConfig { env_groups: config.val_episodes.max(1), group_size: 1, ..config.agent.rollout.clone() };
-    let val_runner = RolloutRunner::new(plugin, &settings, val_rollout, config.agent.prompt.clone(), threads)?;
-    let limits = runner.limits();
-    let think = config.agent.rollout.enable_think;
-    B::seed(&device, config.seed);
-    let (mut learner, tokenizer) = build_learner::<B>(config, runner.spec(), device.clone())?;
-
-    let mut history: Vec<StepMetrics> = Vec::new();
-    let mut start = 0;
-    if resume {
-        let state: CheckpointState = serde_json::from_str(
-            &std::fs::read_to_string(dir.checkpoint().join("state.json"))
-                .with_context(|| format!("no checkpoint to resume in `{}`", out.display()))?,
-        )
-        .context("the checkpoint's state.json is damaged")?;
-        learner.load(&dir.checkpoint())?;
-        start = state.step;
-        // Keep the metrics of the steps the checkpoint covers.
-        if let Ok(text) = std::fs::read_to_string(dir.metrics()) {
-            history = text.lines().filter_map(|l| serde_json::from_str::<StepMetrics>(l).ok()).filter(|m| m.step < start).collect();
-        }
-    }
-    std::fs::write(dir.config(), config.to_toml()).context("cannot write config.toml")?;
-    let mut metrics_file = std::fs::File::create(dir.metrics()).context("cannot write metrics.jsonl")?;
-    for m in &history {
-        writeln!(metrics_file, "{}", serde_json::to_string(m)?)?;
-    }
-
-    let filter = RolloutFilter { ratio: resolved.rollout_filter_ratio };
-    let mut alarm = CollapseAlarm::default();
-    for m in &history {
-        alarm.check(m.reward_std_before_filter, m.entropy, m.success);
-    }
-    let sampling = SamplingConfig { temperature: config.sampling.temperature as f32, think_budget: config.sampling.think_budget };
+    let mut run = Run::<B>::open(plugin, config, out, device)?;
+    let start = if resume { run.resume()? } else { 0 };
+    run.start_metrics_file()?;
     let mut skipped_in_a_row = 0;
     for step in start..config.steps {
+        let m = run.step(step)?;
+        skipped_in_a_row = if m.skipped.is_some() { skipped_in_a_row + 1 } else { 0 };
+        on_step(&m);
+        let skipped = m.skipped.clone();
+        run.history.push(m);
+
+        let stopping = stop.load(Ordering::SeqCst);
+        let last = step + 1 == config.steps;
+        if (step + 1) % config.save_freq.max(1) == 0 || last || stopping || skipped_in_a_row >= 3 {
+            save_checkpoint(&run.learner, &run.dir, step + 1)?;
+        }
+        if stopping {
+            break;
+        }
+        if skipped_in_a_row >= 3 {
+            bail!(
+                "three updates in a row were skipped ({}); the run stopped with a checkpoint of the last good model in `{}`",
+                skipped.unwrap_or_default(),
+                run.dir.checkpoint().display()
+            );
+        }
+    }
+    Ok(run.history)
+}
+
+/// A run in progress: what [`train`] keeps between steps.
+struct Run<'c, B: AutodiffBackend> {
+    config: &'c TrainConfig,
+    dir: RunDir,
+    runner: RolloutRunner,
+    val_runner: RolloutRunner,
+    learner: Learner<B>,
+    tokenizer: PluginTokenizer,
+    filter: RolloutFilter,
+    alarm: CollapseAlarm,
+    sampling: SamplingConfig,
+    history: Vec<StepMetrics>,
+    metrics_file: Option<std::fs::File>,
+    device: B::Device,
+}
+
+impl<'c, B: AutodiffBackend> Run<'c, B> {
+    /// The run directory, the training and validation rollout runners, and
+    /// a freshly initialised learner seeded from the config.
+    fn open(plugin: Arc<Plugin>, config: &'c TrainConfig, out: &Path, device: B::Device) -> Result<Self> {
+        let resolved = config.resolve()?;
+        std::fs::create_dir_all(out).with_context(|| format!("cannot create the run directory `{}`", out.display()))?;
+        let settings = config.agent.env_settings(&[]);
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let rollout = &config.agent.rollout;
+        let runner = RolloutRunner::new(plugin.clone(), &settings, rollout.clone(), config.agent.prompt.clone(), threads)?;
+        let val_rollout = RolloutConfig { env_groups: config.val_episodes.max(1), group_size: 1, ..rollout.clone() };
+        let val_runner = RolloutRunner::new(plugin, &settings, val_rollout, config.agent.prompt.clone(), threads)?;
+        B::seed(&device, config.seed);
+        let (learner, tokenizer) = build_learner::<B>(config, runner.spec(), device.clone())?;
+        Ok(Self {
+            config,
+            dir: RunDir(out.to_path_buf()),
+            runner,
+            val_runner,
+            learner,
+            tokenizer,
+            filter: RolloutFilter { ratio: resolved.rollout_filter_ratio },
+            alarm: CollapseAlarm::default(),
+            sampling: SamplingConfig { temperature: config.sampling.temperature as f32, think_budget: config.sampling.think_budget },
+            history: Vec::new(),
+            metrics_file: None,
+            device,
+        })
+    }
+
+    /// Load the checkpoint and the metrics of the steps it covers; returns
+    /// the first step still to run.
+    fn resume(&mut self) -> Result<u64> {
+        let state_file = self.dir.checkpoint().join("state.json");
+        let state: CheckpointState = serde_json::from_str(
+            &std::fs::read_to_string(&state_file).with_context(|| format!("no checkpoint to resume in `{}`", self.dir.0.display()))?,
+        )
+        .context("the checkpoint's state.json is damaged")?;
+        self.learner.load(&self.dir.checkpoint())?;
+        if self.dir.metrics().exists() {
+            self.history = read_metrics(&self.dir.metrics())?.into_iter().filter(|m| m.step < state.step).collect();
+        }
+        for m in &self.history {
+            self.alarm.check(m.reward_std_before_filter, m.entropy, m.success);
+        }
+        Ok(state.step)
+    }
+
+    /// Write `config.toml`, and `metrics.jsonl` anew with the steps already
+    /// run (a resumed run's).
+    fn start_metrics_file(&mut self) -> Result<()> {
+        std::fs::write(self.dir.config(), self.config.to_toml()).context("cannot write config.toml")?;
+        let mut file = std::fs::File::create(self.dir.metrics()).context("cannot write metrics.jsonl")?;
+        for m in &self.history {
+            writeln!(file, "{}", serde_json::to_string(m)?).context("cannot write metrics.jsonl")?;
+        }
+        self.metrics_file = Some(file);
+        Ok(())
+    }
+
+    /// One step: rollouts, the variance filter, the update, validation when
+    /// due, and its line of `metrics.jsonl`.
+    fn step(&mut self, step: u64) -> Result<StepMetrics> {
+        let config = self.config;
         let seed = next_seed(config.seed ^ (step << 32));
-        let mut policy =
-            BurnPolicy::new(learner.policy_model(), tokenizer.clone(), think, limits.max_actions_per_turn, sampling, seed, device.clone());
+        let mut policy = self.policy(self.sampling, seed);
         let groups = group_seeds(config.seed, step, config.agent.rollout.env_groups);
         let clock = std::time::Instant::now();
-        let ts = runner.run(&mut policy, &groups)?;
+        let ts = self.runner.run(&mut policy, &groups)?;
         let rollout_seconds = clock.elapsed().as_secs_f64();
         let before = summarize(&ts);
 
         let group_rewards: Vec<Vec<f32>> =
             (0..groups.len()).map(|g| ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()).collect();
-        let kept = filter.keep(&group_rewards);
+        let kept = self.filter.keep(&group_rewards);
         let batch: Vec<&Trajectory> = ts.iter().filter(|t| kept.contains(&t.group)).collect();
         let std_after = kept.iter().map(|&g| std(&group_rewards[g]) as f64).sum::<f64>() / kept.len().max(1) as f64;
         let std_before = group_rewards.iter().map(|r| std(r) as f64).sum::<f64>() / group_rewards.len().max(1) as f64;
 
         let clock = std::time::Instant::now();
-        let update = learner.update(&batch, &tokenizer);
-        let update_seconds = clock.elapsed().as_secs_f64();
-        let (stats, skipped) = match update {
-            Ok(s) => {
-                skipped_in_a_row = 0;
-                (s, None)
-            }
-            Err(e) => {
-                skipped_in_a_row += 1;
-                (UpdateStats::default(), Some(format!("{e:#}")))
-            }
+        let (stats, skipped) = match self.learner.update(&batch, &self.tokenizer) {
+            Ok(s) => (s, None),
+            Err(e) => (UpdateStats::default(), Some(format!("{e:#}"))),
         };
-
-        let last = step + 1 == config.steps;
-        let val_success = if (step + 1) % config.test_freq.max(1) == 0 || last || step == 0 {
-            let val_sampling = SamplingConfig { temperature: config.sampling.val_temperature as f32, ..sampling };
-            let mut val_policy = BurnPolicy::new(
-                learner.policy_model(),
-                tokenizer.clone(),
-                think,
-                limits.max_actions_per_turn,
-                val_sampling,
-                seed ^ 1,
-                device.clone(),
-            );
-            let seeds: Vec<u64> = (0..config.val_episodes.max(1) as u64).map(|i| ragen_agent::EVAL_SEED_START + i).collect();
-            Some(summarize(&val_runner.run(&mut val_policy, &seeds)?).success_rate)
+        let update_seconds = clock.elapsed().as_secs_f64();
+        let val_success = if (step + 1) % config.test_freq.max(1) == 0 || step + 1 == config.steps || step == 0 {
+            Some(self.validate(seed)?)
         } else {
             None
         };
@@ -257,29 +255,36 @@ pub fn train<B: AutodiffBackend>(
             skipped,
             collapse_alarm: None,
         };
-        m.collapse_alarm = alarm.check(m.reward_std_before_filter, m.entropy, m.success);
-        writeln!(metrics_file, "{}", serde_json::to_string(&m)?).context("cannot append to metrics.jsonl")?;
-        metrics_file.flush()?;
-        on_step(&m);
-        history.push(m);
-
-        let stopping = stop.load(Ordering::SeqCst);
-        if (step + 1) % config.save_freq.max(1) == 0 || last || stopping {
-            save_checkpoint(&learner, &dir, step + 1)?;
-        }
-        if stopping {
-            break;
-        }
-        if skipped_in_a_row >= 3 {
-            save_checkpoint(&learner, &dir, step + 1)?;
-            bail!(
-                "three updates in a row were skipped ({}); the run stopped with a checkpoint of the last good model in `{}`",
-                history.last().and_then(|m| m.skipped.clone()).unwrap_or_default(),
-                dir.checkpoint().display()
-            );
-        }
+        m.collapse_alarm = self.alarm.check(m.reward_std_before_filter, m.entropy, m.success);
+        let file = self.metrics_file.as_mut().expect("the metrics file is open");
+        writeln!(file, "{}", serde_json::to_string(&m)?).context("cannot append to metrics.jsonl")?;
+        file.flush().context("cannot append to metrics.jsonl")?;
+        Ok(m)
     }
-    Ok(history)
+
+    /// The policy the learner's current model gives, sampling from `seed`.
+    fn policy(&self, sampling: SamplingConfig, seed: u64) -> BurnPolicy<B::InnerBackend> {
+        let limits = self.runner.limits();
+        let think = self.config.agent.rollout.enable_think;
+        BurnPolicy::new(
+            self.learner.policy_model(),
+            self.tokenizer.clone(),
+            think,
+            limits.max_actions_per_turn,
+            sampling,
+            seed,
+            self.device.clone(),
+        )
+    }
+
+    /// Success on the fixed validation seeds (from 123), at the validation
+    /// temperature.
+    fn validate(&self, seed: u64) -> Result<f64> {
+        let sampling = SamplingConfig { temperature: self.config.sampling.val_temperature as f32, ..self.sampling };
+        let mut policy = self.policy(sampling, seed ^ 1);
+        let seeds: Vec<u64> = (0..self.config.val_episodes.max(1) as u64).map(|i| ragen_agent::EVAL_SEED_START + i).collect();
+        Ok(summarize(&self.val_runner.run(&mut policy, &seeds)?).success_rate)
+    }
 }
 
 /// Write the checkpoint beside the old one, then swap, so a crash or a full
@@ -313,14 +318,7 @@ pub fn build_learner<B: AutodiffBackend>(
     let limits = config.agent.rollout.limits(spec);
     let grammar =
         AnswerGrammar::new(&tokenizer, config.agent.rollout.enable_think, config.sampling.think_budget, limits.max_actions_per_turn);
-    let m = &config.model;
-    let model = PolicyModelConfig::new(tokenizer.vocab_size())
-        .with_d_model(m.d_model)
-        .with_n_layers(m.n_layers)
-        .with_n_heads(m.n_heads)
-        .with_max_seq_len(m.max_seq_len)
-        .with_rotary(m.positions == crate::config::Positions::Rotary)
-        .init::<B>(&device);
+    let model = PolicyModelConfig { vocab_size: tokenizer.vocab_size(), ..config.model.clone() }.init::<B>(&device);
     Ok((Learner::new(model, grammar, resolved.update, device), tokenizer))
 }
 

@@ -14,7 +14,7 @@
 //!    log-probs under the same mask and temperature the reply was sampled
 //!    with; the global gradient norm is clipped to `max_grad_norm`.
 
-use crate::advantages::{gae, grpo};
+use crate::advantages::{Estimator, SequenceInput};
 use crate::loss::{Clip, kl_to_reference, masked_log_softmax, masked_mean, policy_loss, value_loss};
 use anyhow::{Context, Result, bail};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
@@ -28,15 +28,6 @@ use ragen_agent::Trajectory;
 use ragen_env_sdk::SeedRng;
 use ragen_policy::{AnswerGrammar, PluginTokenizer, PolicyModel, PolicyNetwork};
 use std::path::Path;
-
-/// Where advantages come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Estimator {
-    /// PPO with the critic: GAE over agent tokens.
-    Gae,
-    /// GRPO: group-normalised trajectory rewards, no critic.
-    Grpo,
-}
 
 /// Every hyper-parameter of the update, named as in the reference.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -116,6 +107,47 @@ pub struct UpdateStats {
     pub truncated: usize,
     /// AdamW steps taken (epochs × mini-batches, less skipped ones).
     pub optimizer_steps: usize,
+}
+
+impl UpdateStats {
+    /// Add one optimizer step's statistics (counts are left to the caller).
+    fn add(&mut self, step: &UpdateStats) {
+        self.policy_loss += step.policy_loss;
+        self.value_loss += step.value_loss;
+        self.entropy += step.entropy;
+        self.clip_fraction += step.clip_fraction;
+        self.approx_kl += step.approx_kl;
+        self.kl_to_reference += step.kl_to_reference;
+        self.world_model_loss += step.world_model_loss;
+        self.grad_norm += step.grad_norm;
+        self.optimizer_steps += 1;
+    }
+
+    /// The mean over the steps [`UpdateStats::add`] summed.
+    fn mean(self) -> UpdateStats {
+        let k = self.optimizer_steps.max(1) as f32;
+        UpdateStats {
+            policy_loss: self.policy_loss / k,
+            value_loss: self.value_loss / k,
+            entropy: self.entropy / k,
+            clip_fraction: self.clip_fraction / k,
+            approx_kl: self.approx_kl / k,
+            kl_to_reference: self.kl_to_reference / k,
+            world_model_loss: self.world_model_loss / k,
+            grad_norm: self.grad_norm / k,
+            ..self
+        }
+    }
+}
+
+/// Per agent token of each row, what the loss compares against: fixed
+/// before the first optimizer step.
+struct Targets {
+    advantages: Vec<Vec<f32>>,
+    returns: Vec<Vec<f32>>,
+    old_values: Vec<Vec<f32>>,
+    /// Empty when there is no reference model.
+    ref_logps: Vec<Vec<f32>>,
 }
 
 /// One trajectory laid out for the update.
@@ -207,106 +239,89 @@ where
     /// One update on `batch` (already filtered): `epochs` passes over it,
     /// each in mini-batches of `mini_batch_size` trajectories, one AdamW
     /// step per mini-batch. Advantages come from the values before the
-    /// first step, as in PPO.
+    /// first step, as in PPO. The steps are the module doc's 1–4.
     pub fn update(&mut self, batch: &[&Trajectory], tokenizer: &PluginTokenizer) -> Result<UpdateStats> {
-        let cfg = self.config;
         let vocab = tokenizer.vocab_size();
+        let (rows, truncated) = self.lay_out(batch, tokenizer)?;
+        let (old_values, ref_logps) = self.score_before_update(&rows, vocab);
+        let sequences: Vec<SequenceInput> = rows
+            .iter()
+            .zip(&old_values)
+            .map(|(r, v)| SequenceInput { trajectory: r.index, group: r.trajectory.group, reward: r.trajectory.reward as f32, values: v })
+            .collect();
+        let (advantages, returns) = self.config.estimator.estimate(&sequences, self.config.gamma, self.config.lambda);
+        let targets = Targets { advantages, returns, old_values, ref_logps };
+        let stats = self.optimize(&rows, &targets, vocab)?;
+        Ok(UpdateStats { agent_tokens: rows.iter().map(|r| r.agent.len()).sum(), truncated, ..stats })
+    }
 
-        // 1. Lay out each trajectory: its tokens, where the agent's are, the
-        //    grammar's mask at each of them, and their sampling log-probs.
+    /// 1. Lay out each trajectory: its tokens, where the agent's are, the
+    ///    grammar's mask at each of them, and their sampling log-probs. A
+    ///    trajectory is one row, or with a context window one row per reply
+    ///    (the window it read, then the reply); its rows are adjacent.
+    ///    Returns the rows and how many were cut to the model's context.
+    fn lay_out<'t>(&self, batch: &[&'t Trajectory], tokenizer: &PluginTokenizer) -> Result<(Vec<Row<'t>>, usize)> {
+        let vocab = tokenizer.vocab_size();
         let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
         let mut truncated = 0;
-        // A trajectory is one row, or with a context window one row per
-        // reply (the window it read, then the reply); its rows are adjacent.
-        for (index, view) in batch.iter().enumerate().flat_map(|(i, t)| t.token_views(tokenizer).into_iter().map(move |v| (i, v))) {
-            let t = batch[index];
-            let mut view = view;
-            // Sampling read each turn's last `max_seq_len - reply budget`
-            // tokens; the update reads the conversation's last `max_seq_len`.
-            truncated += view.keep_last(self.model().max_seq_len()) as usize;
-            let agent: Vec<usize> = (0..view.tokens.len()).filter(|&i| view.loss_mask[i] == 1).collect();
-            if agent.is_empty() {
-                continue;
-            }
-            let mut allowed = Vec::with_capacity(agent.len() * vocab);
-            for (k, &start) in view.turn_starts.iter().enumerate() {
-                let end = view.turn_starts.get(k + 1).map_or(view.tokens.len(), |&n| n);
-                let reply: Vec<u32> = (start..end).take_while(|&i| view.loss_mask[i] == 1).map(|i| view.tokens[i]).collect();
-                let states = self.grammar.states(&reply).map_err(|e| anyhow::anyhow!("a reply breaks the grammar: {e}"))?;
-                for s in states {
-                    allowed.extend_from_slice(self.grammar.allowed(s));
+        for (index, t) in batch.iter().enumerate() {
+            for mut view in t.token_views(tokenizer) {
+                // Sampling read each turn's last `max_seq_len - reply budget`
+                // tokens; the update reads the conversation's last `max_seq_len`.
+                truncated += view.keep_last(self.model().max_seq_len()) as usize;
+                let agent: Vec<usize> = (0..view.tokens.len()).filter(|&i| view.loss_mask[i] == 1).collect();
+                if agent.is_empty() {
+                    continue;
                 }
+                let mut allowed = Vec::with_capacity(agent.len() * vocab);
+                for (k, &start) in view.turn_starts.iter().enumerate() {
+                    let end = view.turn_starts.get(k + 1).map_or(view.tokens.len(), |&n| n);
+                    let reply: Vec<u32> = (start..end).take_while(|&i| view.loss_mask[i] == 1).map(|i| view.tokens[i]).collect();
+                    let states = self.grammar.states(&reply).map_err(|e| anyhow::anyhow!("a reply breaks the grammar: {e}"))?;
+                    for s in states {
+                        allowed.extend_from_slice(self.grammar.allowed(s));
+                    }
+                }
+                let old_logp = agent.iter().map(|&i| view.logprobs[i]).collect();
+                let first_reply = view.turn_starts.first().copied().unwrap_or(view.tokens.len());
+                let observed = (first_reply..view.tokens.len()).filter(|&i| view.loss_mask[i] == 0).collect();
+                rows.push(Row { trajectory: t, index, tokens: view.tokens, agent, allowed, old_logp, observed });
             }
-            let old_logp = agent.iter().map(|&i| view.logprobs[i]).collect();
-            let first_reply = view.turn_starts.first().copied().unwrap_or(view.tokens.len());
-            let observed = (first_reply..view.tokens.len()).filter(|&i| view.loss_mask[i] == 0).collect();
-            rows.push(Row { trajectory: t, index, tokens: view.tokens, agent, allowed, old_logp, observed });
         }
         if rows.is_empty() {
             bail!("no agent tokens in the batch to learn from");
         }
+        Ok((rows, truncated))
+    }
 
-        // 2. The critic's values before any step (and the frozen reference's
-        //    log-probs when the KL term is on), without gradients.
+    /// 2. The critic's values before any step (and the frozen reference's
+    ///    log-probs when the KL term is on), without gradients, per row.
+    fn score_before_update(&self, rows: &[Row], vocab: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
         let frozen = self.model().valid();
         let mut old_values: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
         let mut ref_logps: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
         let every: Vec<&Row> = rows.iter().collect();
         for chunk in passes(&every, |len| frozen.rows_per_pass(len)) {
-            let s = score(&frozen, chunk, vocab, cfg.temperature, false, &self.device);
+            let s = score(&frozen, chunk, vocab, self.config.temperature, false, &self.device);
             split_rows(&mut old_values, chunk, &floats_of(s.values));
             if let Some(reference) = &self.reference {
-                let r = score(reference, chunk, vocab, cfg.temperature, false, &self.device);
+                let r = score(reference, chunk, vocab, self.config.temperature, false, &self.device);
                 split_rows(&mut ref_logps, chunk, &floats_of(r.logp));
             }
         }
+        (old_values, ref_logps)
+    }
 
-        // 3. Advantages and returns per agent token, then whitening over the
-        //    batch.
-        let (mut advantages, mut returns): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (vec![], vec![]);
-        match cfg.estimator {
-            Estimator::Gae => {
-                // Over all of a trajectory's agent tokens, across its rows.
-                let mut first = 0;
-                while first < rows.len() {
-                    let end = (first..rows.len()).find(|&i| rows[i].index != rows[first].index).unwrap_or(rows.len());
-                    let v: Vec<f32> = old_values[first..end].concat();
-                    let mut rewards = vec![0.0; v.len()];
-                    *rewards.last_mut().expect("rows have agent tokens") = rows[first].trajectory.reward as f32;
-                    let (a, ret) = gae(&rewards, &v, cfg.gamma, cfg.lambda);
-                    let mut at = 0;
-                    for r in &rows[first..end] {
-                        advantages.push(a[at..at + r.agent.len()].to_vec());
-                        returns.push(ret[at..at + r.agent.len()].to_vec());
-                        at += r.agent.len();
-                    }
-                    first = end;
-                }
-            }
-            Estimator::Grpo => {
-                let rewards: Vec<f32> = rows.iter().map(|r| r.trajectory.reward as f32).collect();
-                let groups: Vec<usize> = rows.iter().map(|r| r.trajectory.group).collect();
-                for (a, r) in grpo(&rewards, &groups, 1e-6).into_iter().zip(&rows) {
-                    advantages.push(vec![a; r.agent.len()]);
-                    returns.push(vec![r.trajectory.reward as f32; r.agent.len()]);
-                }
-            }
-        }
-        let all: Vec<f32> = advantages.concat();
-        let n = all.len() as f32;
-        let mean = all.iter().sum::<f32>() / n;
-        let std = (all.iter().map(|a| (a - mean).powi(2)).sum::<f32>() / n).sqrt();
-        for a in advantages.iter_mut().flatten() {
-            *a = (*a - mean) / (std + 1e-8);
-        }
-
-        // 4. Epochs of mini-batch steps. The order is shuffled per epoch from
-        //    the batch's own seeds, so a resumed run replays it exactly.
+    /// 4. Epochs of mini-batch steps (3, the advantages, is the
+    ///    estimator's). The order is shuffled per epoch from the batch's own
+    ///    seeds, so a resumed run replays it exactly. Returns the steps'
+    ///    mean statistics.
+    fn optimize(&mut self, rows: &[Row], targets: &Targets, vocab: usize) -> Result<UpdateStats> {
+        let cfg = self.config;
         let size = if cfg.mini_batch_size == 0 { rows.len() } else { cfg.mini_batch_size.min(rows.len()) };
         let order_seed = rows.iter().fold(0u64, |h, r| ragen_runtime::next_seed(h ^ r.trajectory.seed ^ r.trajectory.env as u64));
         let mut model = self.model.take().expect("model present");
         let mut sums = UpdateStats::default();
-        let mut steps = 0usize;
         for epoch in 0..cfg.epochs.max(1) {
             let mut order: Vec<usize> = (0..rows.len()).collect();
             if cfg.epochs > 1 || size < rows.len() {
@@ -316,40 +331,20 @@ where
                 }
             }
             for picked in order.chunks(size) {
-                let (m, st) = match self.step(model, &rows, picked, &advantages, &returns, &old_values, &ref_logps, vocab) {
-                    Ok(done) => done,
+                match self.step(model, rows, picked, targets, vocab) {
+                    Ok((m, st)) => {
+                        model = m;
+                        sums.add(&st);
+                    }
                     Err((m, e)) => {
                         self.model = Some(m);
                         return Err(e);
                     }
-                };
-                model = m;
-                sums.policy_loss += st.policy_loss;
-                sums.value_loss += st.value_loss;
-                sums.entropy += st.entropy;
-                sums.clip_fraction += st.clip_fraction;
-                sums.approx_kl += st.approx_kl;
-                sums.kl_to_reference += st.kl_to_reference;
-                sums.world_model_loss += st.world_model_loss;
-                sums.grad_norm += st.grad_norm;
-                steps += 1;
+                }
             }
         }
         self.model = Some(model);
-        let k = steps.max(1) as f32;
-        Ok(UpdateStats {
-            policy_loss: sums.policy_loss / k,
-            value_loss: sums.value_loss / k,
-            entropy: sums.entropy / k,
-            clip_fraction: sums.clip_fraction / k,
-            approx_kl: sums.approx_kl / k,
-            kl_to_reference: sums.kl_to_reference / k,
-            world_model_loss: sums.world_model_loss / k,
-            grad_norm: sums.grad_norm / k,
-            agent_tokens: all.len(),
-            truncated,
-            optimizer_steps: steps,
-        })
+        Ok(sums.mean())
     }
 
     /// One optimizer step on the rows `picked`:
@@ -357,18 +352,16 @@ where
     /// − entropy_coef · entropy + kl_coef · KL (token means); then the
     /// global gradient norm, clipped to `max_grad_norm`, and AdamW. A
     /// non-finite gradient skips the step and hands the model back unchanged.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    #[allow(clippy::type_complexity)]
     fn step(
         &mut self,
         model: M,
         rows: &[Row],
         picked: &[usize],
-        advantages: &[Vec<f32>],
-        returns: &[Vec<f32>],
-        old_values: &[Vec<f32>],
-        ref_logps: &[Vec<f32>],
+        targets: &Targets,
         vocab: usize,
     ) -> std::result::Result<(M, UpdateStats), (M, anyhow::Error)> {
+        let Targets { advantages, returns, old_values, ref_logps } = targets;
         let cfg = self.config;
         let device = &self.device;
         let mb: Vec<&Row> = picked.iter().map(|&i| &rows[i]).collect();
@@ -398,7 +391,7 @@ where
         let ent = masked_mean(Tensor::cat(entropies, 0), mask.clone());
         let kl =
             if ref_logps.is_empty() { Tensor::<B, 1>::zeros([1], device) } else { kl_to_reference(logp, floats(gather(ref_logps)), mask) };
-        let loss = pg.loss.clone() + vl.clone() * if cfg.estimator == Estimator::Gae { cfg.value_coef } else { 0.0 }
+        let loss = pg.loss.clone() + vl.clone() * if cfg.estimator.uses_critic() { cfg.value_coef } else { 0.0 }
             - ent.clone() * cfg.entropy_coef
             + kl.clone() * cfg.kl_coef
             + wm.clone() * cfg.world_model_coef;
