@@ -5,7 +5,6 @@
 //! records everything the learner needs ([`Trajectory`]). Any [`Policy`]
 //! that turns a prompt into text plugs in.
 
-pub mod bounds;
 pub mod config;
 pub mod metrics;
 pub mod parse;
@@ -15,7 +14,7 @@ pub mod prompt;
 pub mod rollout;
 pub mod trajectory;
 
-pub use config::AgentConfig;
+pub use config::{AgentConfig, SandboxSection};
 pub use metrics::{RolloutMetrics, summarize};
 pub use parse::{Parsed, ResponseParser};
 pub use policy::{ByteTokenizer, Context, Message, Policy, Response, Tokenizer};

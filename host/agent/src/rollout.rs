@@ -3,7 +3,7 @@
 //! group's rewards measures the policy's uncertainty on one state.
 
 use crate::parse::ResponseParser;
-use crate::policy::{Context, Message, Policy};
+use crate::policy::{Context, Message, Policy, Response};
 use crate::prompt::{PromptBuilder, PromptTemplates, Role};
 use crate::trajectory::{Segment, Trajectory, Turn, visible};
 use anyhow::{Result, bail};
@@ -83,6 +83,7 @@ pub struct RolloutRunner {
 }
 
 /// One env's episode while it is being played.
+#[derive(Default)]
 struct Live {
     segments: Vec<Segment>,
     observation: String,
@@ -143,154 +144,168 @@ impl RolloutRunner {
     /// Play one batch: group `g` is reset from `group_seeds[g]` (at most
     /// `env_groups` groups). Returns `group_seeds.len() * group_size`
     /// trajectories, group by group.
+    ///
+    /// Each turn: every live env's context goes to the policy in one call
+    /// ([`Self::ask`]); the replies are parsed into action plans
+    /// ([`Self::plan`]); the k-th actions of all plans run in one pool call,
+    /// k = 0, 1, … ([`Self::execute`]); and each env still going gets its
+    /// next user message.
     pub fn run(&self, policy: &mut dyn Policy, group_seeds: &[u64]) -> Result<Vec<Trajectory>> {
         let gs = self.config.group_size;
         if group_seeds.len() > self.config.env_groups {
             bail!("{} groups asked for, the runner holds {}", group_seeds.len(), self.config.env_groups);
         }
-        let n = group_seeds.len() * gs;
         let lim = self.limits;
-        let ids: Vec<usize> = (0..n).collect();
-        let seeds: Vec<u64> = ids.iter().map(|i| group_seeds[i / gs]).collect();
-        let system = Segment { role: Role::System, text: self.prompts.system(), prefill: String::new(), tokens: vec![], logprobs: vec![] };
-        let mut live: Vec<Live> = self
-            .pool
-            .reset(&ids, &seeds)?
-            .into_iter()
-            .map(|r| match r {
-                Ok(obs) => Live {
-                    segments: vec![system.clone(), user(self.prompts.first_user(&obs, lim.max_actions_per_traj))],
-                    observation: obs,
-                    turns: vec![],
-                    used: 0,
-                    done: false,
-                    success: false,
-                    failure: None,
-                },
-                Err(f) => Live {
-                    segments: vec![],
-                    observation: String::new(),
-                    turns: vec![],
-                    used: 0,
-                    done: true,
-                    success: false,
-                    failure: Some(f.to_string()),
-                },
-            })
-            .collect();
-
+        let seeds: Vec<u64> = (0..group_seeds.len() * gs).map(|i| group_seeds[i / gs]).collect();
+        let mut live = self.start(&seeds)?;
         for turn in 1..=lim.max_turn {
-            let active: Vec<usize> =
-                (0..n).filter(|&i| !live[i].done && live[i].failure.is_none() && live[i].used < lim.max_actions_per_traj).collect();
+            let active: Vec<usize> = (0..live.len()).filter(|&i| live[i].can_act(lim)).collect();
             if active.is_empty() {
                 break;
             }
-            let responses = {
-                let contexts: Vec<Context<'_>> = active
-                    .iter()
-                    .map(|&i| Context {
-                        messages: visible(&live[i].segments, self.config.max_context_window)
-                            .map(|s| Message { role: s.role, text: &s.text })
-                            .collect(),
-                        prefill: self.prompts.prefill(),
-                        observation: &live[i].observation,
-                        actions: &self.spec.actions,
-                        max_actions: lim.max_actions_per_turn.min(lim.max_actions_per_traj - live[i].used),
-                    })
-                    .collect();
-                policy.respond(&contexts)?
-            };
-            if responses.len() != active.len() {
-                bail!("policy `{}` returned {} responses for {} contexts", policy.name(), responses.len(), active.len());
-            }
-
-            // Parse every reply, then execute the k-th actions of all envs in
-            // one pool call, k = 0, 1, ... (each turn stops at its first done).
-            let mut plans = Vec::with_capacity(active.len());
-            let mut turns: Vec<Turn> = Vec::with_capacity(active.len());
+            let responses = self.ask(policy, &live, &active)?;
+            let (plans, mut turns) = self.plan(&mut live, &active, responses);
+            self.execute(&mut live, &active, &plans, &mut turns)?;
             for (k, &i) in active.iter().enumerate() {
-                let full = format!("{}{}", self.prompts.prefill(), responses[k].text);
-                let parsed = self.parser.parse(&full);
-                let budget = (lim.max_actions_per_traj - live[i].used) as usize;
-                plans.push(parsed.actions.iter().copied().take(budget).collect::<Vec<u32>>());
-                let penalty = if parsed.penalised { self.config.format_penalty } else { 0.0 };
-                turns.push(Turn { parsed, executed: vec![], effective: 0, reward: 0.0, penalty, done: false });
-                live[i].segments.push(Segment {
-                    role: Role::Assistant,
-                    text: full,
-                    prefill: self.prompts.prefill().to_string(),
-                    tokens: responses[k].tokens.clone(),
-                    logprobs: responses[k].logprobs.clone(),
-                });
-            }
-            for step in 0..lim.max_actions_per_turn as usize {
-                let batch: Vec<usize> =
-                    (0..active.len()).filter(|&k| plans[k].len() > step && !turns[k].done && live[active[k]].failure.is_none()).collect();
-                if batch.is_empty() {
-                    break;
-                }
-                let env_ids: Vec<usize> = batch.iter().map(|&k| active[k]).collect();
-                let actions: Vec<u32> = batch.iter().map(|&k| plans[k][step]).collect();
-                for (j, result) in self.pool.step(&env_ids, &actions)?.into_iter().enumerate() {
-                    let (k, i) = (batch[j], env_ids[j]);
-                    match result {
-                        Ok(s) => {
-                            let t = &mut turns[k];
-                            t.reward += s.reward;
-                            t.effective += s.info.action_is_effective as usize;
-                            t.executed.push(self.spec.actions[actions[j] as usize].clone());
-                            t.done = s.done;
-                            live[i].used += 1;
-                            live[i].observation = s.observation;
-                            if s.done {
-                                live[i].done = true;
-                                live[i].success = s.info.success;
-                            }
-                        }
-                        Err(f) => live[i].failure = Some(f.to_string()),
-                    }
-                }
-            }
-            for (k, &i) in active.iter().enumerate() {
-                let turn_reward = turns[k].reward;
                 let l = &mut live[i];
-                if !l.done && l.failure.is_none() && turn < lim.max_turn && l.used < lim.max_actions_per_traj {
+                if l.can_act(lim) && turn < lim.max_turn {
                     let left = lim.max_actions_per_traj - l.used;
-                    l.segments.push(user(self.prompts.next_user(turn_reward, turn + 1, &l.observation, left)));
+                    l.segments.push(user(self.prompts.next_user(turns[k].reward, turn + 1, &l.observation, left)));
                 }
             }
             for (turn, &i) in turns.into_iter().zip(&active) {
                 live[i].turns.push(turn);
             }
         }
+        Ok(live.into_iter().enumerate().map(|(i, l)| l.finish(i, gs, seeds[i], self.config.max_context_window)).collect())
+    }
 
-        Ok(live
+    /// Reset every env from its seed; an env whose reset fails starts (and
+    /// ends) with that failure.
+    fn start(&self, seeds: &[u64]) -> Result<Vec<Live>> {
+        let ids: Vec<usize> = (0..seeds.len()).collect();
+        let system = Segment { role: Role::System, text: self.prompts.system(), prefill: String::new(), tokens: vec![], logprobs: vec![] };
+        let first = |obs: &str| vec![system.clone(), user(self.prompts.first_user(obs, self.limits.max_actions_per_traj))];
+        Ok(self
+            .pool
+            .reset(&ids, seeds)?
             .into_iter()
-            .enumerate()
-            .map(|(i, l)| {
-                let env_reward: f64 = l.turns.iter().map(|t| t.reward).sum();
-                let penalty: f64 = l.turns.iter().map(|t| t.penalty).sum();
-                let proposed: usize = l.turns.iter().map(|t| t.parsed.proposed).sum();
-                let valid: usize = l.turns.iter().map(|t| t.parsed.actions.len()).sum();
-                let executed: usize = l.turns.iter().map(|t| t.executed.len()).sum();
-                let effective: usize = l.turns.iter().map(|t| t.effective).sum();
-                Trajectory {
-                    group: i / gs,
-                    seed: seeds[i],
-                    env: i,
-                    segments: l.segments,
-                    turns: l.turns,
-                    reward: env_reward + penalty,
-                    penalty,
-                    success: l.success,
-                    num_actions: executed,
-                    valid_action_ratio: ratio(valid, proposed),
-                    effective_action_ratio: ratio(effective, executed),
-                    failure: l.failure,
-                    context_window: self.config.max_context_window,
-                }
+            .map(|r| match r {
+                Ok(obs) => Live { segments: first(&obs), observation: obs, ..Live::default() },
+                Err(f) => Live { done: true, failure: Some(f.to_string()), ..Live::default() },
             })
             .collect())
+    }
+
+    /// The policy's replies to the contexts of the `active` envs, one each.
+    fn ask(&self, policy: &mut dyn Policy, live: &[Live], active: &[usize]) -> Result<Vec<Response>> {
+        let lim = self.limits;
+        let contexts: Vec<Context<'_>> = active
+            .iter()
+            .map(|&i| Context {
+                messages: visible(&live[i].segments, self.config.max_context_window)
+                    .map(|s| Message { role: s.role, text: &s.text })
+                    .collect(),
+                prefill: self.prompts.prefill(),
+                observation: &live[i].observation,
+                actions: &self.spec.actions,
+                max_actions: lim.max_actions_per_turn.min(lim.max_actions_per_traj - live[i].used),
+            })
+            .collect();
+        let responses = policy.respond(&contexts)?;
+        if responses.len() != active.len() {
+            bail!("policy `{}` returned {} responses for {} contexts", policy.name(), responses.len(), active.len());
+        }
+        Ok(responses)
+    }
+
+    /// Record each reply in its conversation and parse it into the actions
+    /// to run (cut to the trajectory's remaining budget) and a new turn.
+    fn plan(&self, live: &mut [Live], active: &[usize], responses: Vec<Response>) -> (Vec<Vec<u32>>, Vec<Turn>) {
+        let mut plans = Vec::with_capacity(active.len());
+        let mut turns: Vec<Turn> = Vec::with_capacity(active.len());
+        for (&i, response) in active.iter().zip(responses) {
+            let full = format!("{}{}", self.prompts.prefill(), response.text);
+            let parsed = self.parser.parse(&full);
+            let budget = (self.limits.max_actions_per_traj - live[i].used) as usize;
+            plans.push(parsed.actions.iter().copied().take(budget).collect::<Vec<u32>>());
+            let penalty = if parsed.penalised { self.config.format_penalty } else { 0.0 };
+            turns.push(Turn { parsed, executed: vec![], effective: 0, reward: 0.0, penalty, done: false });
+            live[i].segments.push(Segment {
+                role: Role::Assistant,
+                text: full,
+                prefill: self.prompts.prefill().to_string(),
+                tokens: response.tokens,
+                logprobs: response.logprobs,
+            });
+        }
+        (plans, turns)
+    }
+
+    /// Run the plans: the k-th actions of all envs in one pool call, k = 0,
+    /// 1, …; each env's turn stops at its first `done` or failure.
+    fn execute(&self, live: &mut [Live], active: &[usize], plans: &[Vec<u32>], turns: &mut [Turn]) -> Result<()> {
+        for step in 0..self.limits.max_actions_per_turn as usize {
+            let batch: Vec<usize> =
+                (0..active.len()).filter(|&k| plans[k].len() > step && !turns[k].done && live[active[k]].failure.is_none()).collect();
+            if batch.is_empty() {
+                break;
+            }
+            let env_ids: Vec<usize> = batch.iter().map(|&k| active[k]).collect();
+            let actions: Vec<u32> = batch.iter().map(|&k| plans[k][step]).collect();
+            for (j, result) in self.pool.step(&env_ids, &actions)?.into_iter().enumerate() {
+                let (k, i) = (batch[j], env_ids[j]);
+                match result {
+                    Ok(s) => {
+                        let t = &mut turns[k];
+                        t.reward += s.reward;
+                        t.effective += s.info.action_is_effective as usize;
+                        t.executed.push(self.spec.actions[actions[j] as usize].clone());
+                        t.done = s.done;
+                        live[i].used += 1;
+                        live[i].observation = s.observation;
+                        if s.done {
+                            live[i].done = true;
+                            live[i].success = s.info.success;
+                        }
+                    }
+                    Err(f) => live[i].failure = Some(f.to_string()),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Live {
+    /// Still playing: not done, not failed, with actions left.
+    fn can_act(&self, lim: LoopLimits) -> bool {
+        !self.done && self.failure.is_none() && self.used < lim.max_actions_per_traj
+    }
+
+    /// The finished episode of env `env` as a trajectory, with its totals.
+    fn finish(self, env: usize, group_size: usize, seed: u64, context_window: Option<u32>) -> Trajectory {
+        let env_reward: f64 = self.turns.iter().map(|t| t.reward).sum();
+        let penalty: f64 = self.turns.iter().map(|t| t.penalty).sum();
+        let proposed: usize = self.turns.iter().map(|t| t.parsed.proposed).sum();
+        let valid: usize = self.turns.iter().map(|t| t.parsed.actions.len()).sum();
+        let executed: usize = self.turns.iter().map(|t| t.executed.len()).sum();
+        let effective: usize = self.turns.iter().map(|t| t.effective).sum();
+        Trajectory {
+            group: env / group_size,
+            seed,
+            env,
+            segments: self.segments,
+            turns: self.turns,
+            reward: env_reward + penalty,
+            penalty,
+            success: self.success,
+            num_actions: executed,
+            valid_action_ratio: ratio(valid, proposed),
+            effective_action_ratio: ratio(effective, executed),
+            failure: self.failure,
+            context_window,
+        }
     }
 }
 

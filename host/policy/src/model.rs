@@ -18,7 +18,9 @@ use burn::tensor::activation::gelu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
-#[derive(Config, Debug)]
+/// The policy transformer's shape. A training config's `[model]` section
+/// is this config (less `vocab_size`, which the tokenizer decides).
+#[derive(Config, Debug, PartialEq)]
 pub struct PolicyModelConfig {
     pub vocab_size: usize,
     #[config(default = 64)]
@@ -31,7 +33,7 @@ pub struct PolicyModelConfig {
     #[config(default = 4)]
     pub mlp_ratio: usize,
     /// Longest context (prompt plus reply) the model reads.
-    #[config(default = 1024)]
+    #[config(default = 2048)]
     pub max_seq_len: usize,
     /// Rotary positions (RoPE) instead of a learned position embedding.
     /// Attention then depends on how far apart two tokens are, not where

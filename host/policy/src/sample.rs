@@ -77,38 +77,7 @@ pub fn sample_batch_with<B: Backend>(
     let b = prompts.len();
     assert_eq!(rngs.len(), b, "one random stream per prompt");
     assert!(prompts.iter().all(|p| !p.is_empty()), "every prompt has at least one token (the pre-fill)");
-    // The prefix every prompt shares (the system prompt, the instructions,
-    // a group's whole first turn) is computed once. Every row keeps at
-    // least one token of its own, whose logits start its reply.
-    let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(1);
-    let shared = (0..shortest - 1).take_while(|&i| prompts.iter().all(|p| p[i] == prompts[0][i])).count();
-    let rest: Vec<&[u32]> = prompts.iter().map(|p| &p[shared..]).collect();
-    let longest = rest.iter().map(|p| p.len()).max().unwrap_or(0);
-    let pad: Vec<usize> = rest.iter().map(|p| longest - p.len()).collect();
-    // Row by row: the shared prefix, padding, the row's own tokens (what
-    // the uncached path feeds whole at every step).
-    let mut ids: Vec<Vec<i64>> = rest
-        .iter()
-        .map(|p| {
-            prompts[0][..shared]
-                .iter()
-                .map(|&x| x as i64)
-                .chain(std::iter::repeat_n(0, longest - p.len()))
-                .chain(p.iter().map(|&x| x as i64))
-                .collect()
-        })
-        .collect();
-    let mut cache = KvCache::new(model.n_layers());
-    if shared > 0 {
-        let prefix: Vec<i64> = prompts[0][..shared].iter().map(|&x| x as i64).collect();
-        model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(prefix, [1, shared]), device), &mut cache);
-    }
-    let mut cache = cache.repeat(b);
-    cache.pad_at(shared, pad.clone());
-    let own: Vec<i64> = ids.iter().flat_map(|row| row[shared..].iter().copied()).collect();
-    let (logits, _) = model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(own, [b, longest]), device), &mut cache);
-    let mut last = last_rows(logits);
-
+    let Prefilled { mut ids, shared, pad, mut cache, mut last } = prefill(model, prompts, device);
     let mut states = vec![grammar.start(); b];
     let mut out: Vec<Sampled> = (0..b).map(|_| Sampled { tokens: vec![], logprobs: vec![], complete: false }).collect();
     for step in 0..max_new_tokens {
@@ -147,6 +116,55 @@ pub fn sample_batch_with<B: Backend>(
         o.complete = *s == GrammarState::Done;
     }
     out
+}
+
+/// The prompts run through the model, ready to sample from.
+struct Prefilled<B: Backend> {
+    /// Row by row: the shared prefix, padding, the row's own tokens (what
+    /// the uncached path feeds whole at every step).
+    ids: Vec<Vec<i64>>,
+    /// Length of the prefix every prompt shares.
+    shared: usize,
+    /// Padding of each row, after the shared prefix.
+    pad: Vec<usize>,
+    cache: KvCache<B>,
+    /// The logits after each row's last prompt token, `[b][v]`.
+    last: Vec<Vec<f32>>,
+}
+
+/// The prefix every prompt shares (the system prompt, the instructions, a
+/// group's whole first turn) is computed once and its cache repeated per
+/// row; then each row's own tokens, left-padded after the prefix to the
+/// longest. Every row keeps at least one token of its own, whose logits
+/// start its reply.
+fn prefill<B: Backend>(model: &PolicyModel<B>, prompts: &[&[u32]], device: &B::Device) -> Prefilled<B> {
+    let b = prompts.len();
+    let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(1);
+    let shared = (0..shortest - 1).take_while(|&i| prompts.iter().all(|p| p[i] == prompts[0][i])).count();
+    let rest: Vec<&[u32]> = prompts.iter().map(|p| &p[shared..]).collect();
+    let longest = rest.iter().map(|p| p.len()).max().unwrap_or(0);
+    let pad: Vec<usize> = rest.iter().map(|p| longest - p.len()).collect();
+    let ids: Vec<Vec<i64>> = rest
+        .iter()
+        .map(|p| {
+            prompts[0][..shared]
+                .iter()
+                .map(|&x| x as i64)
+                .chain(std::iter::repeat_n(0, longest - p.len()))
+                .chain(p.iter().map(|&x| x as i64))
+                .collect()
+        })
+        .collect();
+    let mut cache = KvCache::new(model.n_layers());
+    if shared > 0 {
+        let prefix: Vec<i64> = prompts[0][..shared].iter().map(|&x| x as i64).collect();
+        model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(prefix, [1, shared]), device), &mut cache);
+    }
+    let mut cache = cache.repeat(b);
+    cache.pad_at(shared, pad.clone());
+    let own: Vec<i64> = ids.iter().flat_map(|row| row[shared..].iter().copied()).collect();
+    let (logits, _) = model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(own, [b, longest]), device), &mut cache);
+    Prefilled { ids, shared, pad, cache, last: last_rows(logits) }
 }
 
 /// Inverse-CDF draw over the allowed tokens of a log-distribution.

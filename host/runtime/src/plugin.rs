@@ -17,6 +17,24 @@ use wasmtime::{Config, Engine, Store};
 /// from the pre-linked [`EnvPluginPre`] is cheap, which is what lets a pool
 /// replace a broken instance without recompiling. `Plugin` is `Send + Sync`:
 /// share it between worker threads in an `Arc`.
+///
+/// # Examples
+///
+/// ```
+/// use ragen_runtime::Plugin;
+///
+/// # let path = ragen_test_fixtures::plugin("bandit"); // `make plugins`
+/// let plugin = Plugin::from_file(&path)?;
+/// let mut inst = plugin.instantiate()?;
+/// assert_eq!(inst.info()?.name, "bandit");
+/// // Settings are `(key, value)` pairs; the plugin checks them.
+/// let env = inst.create(&[])?.expect("the default settings are valid");
+/// let spec = inst.spec(env)?;
+/// let first = inst.reset(env, 7)?.expect("a healthy env resets");
+/// let out = inst.step(env, 0)?.expect("action 0 exists");
+/// println!("{first}\n{}: reward {}", spec.actions[0], out.reward);
+/// # Ok::<(), anyhow::Error>(())
+/// ```
 pub struct Plugin {
     engine: Engine,
     pre: EnvPluginPre<StoreState>,

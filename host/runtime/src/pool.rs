@@ -157,6 +157,29 @@ struct Worker {
 }
 
 /// A batch of envs from one plugin. See the module docs for the semantics.
+///
+/// # Examples
+///
+/// Eight Bandit envs on two threads, reset and stepped in one call each.
+/// A failed env is an `Err` in its own slot; the others go on.
+///
+/// ```
+/// use ragen_runtime::{EnvPool, Plugin, PoolConfig};
+/// use std::sync::Arc;
+///
+/// # let path = ragen_test_fixtures::plugin("bandit"); // `make plugins`
+/// let plugin = Arc::new(Plugin::from_file(&path)?);
+/// let pool = EnvPool::new(plugin, &PoolConfig { threads: 2, ..PoolConfig::new(8) })?;
+/// let seeds: Vec<u64> = (0..8).collect();
+/// for first in pool.reset_all(&seeds)? {
+///     assert!(!first?.is_empty());
+/// }
+/// // Bandit is one pull: every env's episode ends at its first step.
+/// for step in pool.step_all(&[0; 8])? {
+///     assert!(step?.done);
+/// }
+/// # Ok::<(), anyhow::Error>(())
+/// ```
 pub struct EnvPool {
     workers: Vec<Worker>,
     num_envs: usize,

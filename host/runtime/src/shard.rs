@@ -21,8 +21,8 @@ enum Episode {
     Running { seed: u64, actions: Vec<u32> },
     /// Ended with `done`.
     Over { seed: u64 },
-    /// Ended by a failure; a reset starts over.
-    Failed { seed: Option<u64> },
+    /// Ended by a failure, said in `why`; a reset starts over.
+    Failed { seed: Option<u64>, why: String },
 }
 
 impl Episode {
@@ -30,7 +30,7 @@ impl Episode {
         match self {
             Episode::Fresh => None,
             Episode::Running { seed, .. } | Episode::Over { seed } => Some(*seed),
-            Episode::Failed { seed } => *seed,
+            Episode::Failed { seed, .. } => *seed,
         }
     }
 }
@@ -88,14 +88,14 @@ impl Shard {
     }
 
     fn env_error(&mut self, slot: usize, seed: Option<u64>, e: EnvError) -> EnvFailure {
-        self.slots[slot].episode = Episode::Failed { seed };
+        self.slots[slot].episode = Episode::Failed { seed, why: e.message.clone() };
         self.failure(slot, seed, FailureKind::Env(e.kind), e.message)
     }
 
     /// The instance faulted during a call for `slot`: fail that episode,
     /// then rebuild the instance with every other env restored.
     fn fault(&mut self, slot: usize, seed: Option<u64>, fault: Fault) -> EnvFailure {
-        self.slots[slot].episode = Episode::Failed { seed };
+        self.slots[slot].episode = Episode::Failed { seed, why: fault.message.clone() };
         let failure = self.failure(slot, seed, FailureKind::Fault(fault.kind), fault.message);
         self.rebuild();
         failure
@@ -129,8 +129,9 @@ impl Shard {
             Ok(Err(e)) => Err(self.env_error(slot, Some(seed), e)),
             Ok(Ok(observation)) => match self.check_observation(&observation) {
                 Err(problem) => {
-                    self.slots[slot].episode = Episode::Failed { seed: Some(seed) };
-                    Err(self.failure(slot, Some(seed), FailureKind::InvalidOutput, format!("reset: {problem}")))
+                    let why = format!("reset: {problem}");
+                    self.slots[slot].episode = Episode::Failed { seed: Some(seed), why: why.clone() };
+                    Err(self.failure(slot, Some(seed), FailureKind::InvalidOutput, why))
                 }
                 Ok(()) => {
                     self.slots[slot].episode = Episode::Running { seed, actions: Vec::new() };
@@ -149,19 +150,23 @@ impl Shard {
                 let message = "step before the first reset; reset the env first".to_string();
                 return Err(self.failure(slot, None, FailureKind::Env(crate::ErrorKind::NotStarted), message));
             }
-            Episode::Over { seed } | Episode::Failed { seed: Some(seed) } if autoreset => {
+            Episode::Over { seed } | Episode::Failed { seed: Some(seed), .. } if autoreset => {
                 // Next-step autoreset: this call starts the next episode and
                 // the action is not used.
                 let next = next_seed(seed);
                 let observation = self.reset(slot, next)?;
                 return Ok(PoolStep::autoreset(observation, next));
             }
-            Episode::Over { seed } | Episode::Failed { seed: Some(seed) } => {
+            Episode::Over { seed } => {
                 let message = "the episode has ended; reset the env (or enable autoreset)".to_string();
                 return Err(self.failure(slot, Some(seed), FailureKind::Env(crate::ErrorKind::EpisodeOver), message));
             }
-            Episode::Failed { seed: None } => {
-                let message = "the last reset failed; reset the env again".to_string();
+            Episode::Failed { seed: Some(seed), ref why } => {
+                let message = format!("the episode failed earlier ({why}); reset the env (or enable autoreset)");
+                return Err(self.failure(slot, Some(seed), FailureKind::Env(crate::ErrorKind::EpisodeOver), message));
+            }
+            Episode::Failed { seed: None, ref why } => {
+                let message = format!("the last reset failed ({why}); reset the env again");
                 return Err(self.failure(slot, None, FailureKind::Env(crate::ErrorKind::NotStarted), message));
             }
         };
@@ -173,8 +178,9 @@ impl Shard {
             Ok(Err(e)) => Err(self.env_error(slot, Some(seed), e)),
             Ok(Ok(r)) => {
                 if let Err(problem) = self.check_step(&r) {
-                    self.slots[slot].episode = Episode::Failed { seed: Some(seed) };
-                    return Err(self.failure(slot, Some(seed), FailureKind::InvalidOutput, format!("step: {problem}")));
+                    let why = format!("step: {problem}");
+                    self.slots[slot].episode = Episode::Failed { seed: Some(seed), why: why.clone() };
+                    return Err(self.failure(slot, Some(seed), FailureKind::InvalidOutput, why));
                 }
                 if r.done {
                     self.slots[slot].episode = Episode::Over { seed };
@@ -227,9 +233,10 @@ impl Shard {
                     // autoreset continues the same schedule.
                     _ => Ok(()),
                 };
-                if replayed.is_err() {
+                if let Err(why) = replayed {
                     let seed = self.slots[i].episode.seed();
-                    self.slots[i].episode = Episode::Failed { seed };
+                    let why = format!("its episode could not be replayed after another env of its instance faulted: {why}");
+                    self.slots[i].episode = Episode::Failed { seed, why };
                     continue 'attempt;
                 }
             }
@@ -238,10 +245,20 @@ impl Shard {
         }
     }
 
-    fn replay(instance: &mut PluginInstance, handle: EnvHandle, seed: u64, actions: &[u32]) -> Result<(), ()> {
-        instance.reset(handle, seed).map_err(drop)?.map_err(drop)?;
-        for &a in actions {
-            instance.step(handle, a).map_err(drop)?.map_err(drop)?;
+    /// Reset `handle` to `seed` and take `actions` again; the error says
+    /// which call went wrong and how.
+    fn replay(instance: &mut PluginInstance, handle: EnvHandle, seed: u64, actions: &[u32]) -> Result<(), String> {
+        match instance.reset(handle, seed) {
+            Err(fault) => return Err(format!("reset(seed {seed}) faulted: {fault}")),
+            Ok(Err(e)) => return Err(format!("reset(seed {seed}) failed: {}", e.message)),
+            Ok(Ok(_)) => {}
+        }
+        for (n, &a) in actions.iter().enumerate() {
+            match instance.step(handle, a) {
+                Err(fault) => return Err(format!("step {} (action {a}) faulted: {fault}", n + 1)),
+                Ok(Err(e)) => return Err(format!("step {} (action {a}) failed: {}", n + 1, e.message)),
+                Ok(Ok(_)) => {}
+            }
         }
         Ok(())
     }

@@ -177,3 +177,58 @@ impl HostMonotonicClock for StillClock {
         0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime::{Config, Store};
+
+    /// A component importing a function of an interface the host does not
+    /// link, and one at the root, and exporting functions that call them.
+    const CALLS_UNLINKED: &str = r#"
+        (component
+          (import "test:unlinked/thing" (instance $thing (export "poke" (func))))
+          (import "prod" (func $prod))
+          (core func $poke (canon lower (func $thing "poke")))
+          (core func $prod (canon lower (func $prod)))
+          (core module $m
+            (import "host" "poke" (func $poke))
+            (import "host" "prod" (func $prod))
+            (func (export "run-poke") (call $poke))
+            (func (export "run-prod") (call $prod))
+            (func (export "idle")))
+          (core instance $host (export "poke" (func $poke)) (export "prod" (func $prod)))
+          (core instance $i (instantiate $m (with "host" (instance $host))))
+          (func (export "run-poke") (canon lift (core func $i "run-poke")))
+          (func (export "run-prod") (canon lift (core func $i "run-prod")))
+          (func (export "idle") (canon lift (core func $i "idle"))))
+    "#;
+
+    #[test]
+    fn an_unlinked_import_loads_and_traps_only_when_called() {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).unwrap();
+        let component = Component::new(&engine, wat::parse_str(CALLS_UNLINKED).unwrap()).unwrap();
+        let mut linker = Linker::<()>::new(&engine);
+        trap_unlinked_imports(&mut linker, &component, &engine).unwrap();
+        let fresh = || {
+            let mut store = Store::new(&engine, ());
+            let instance = linker.instantiate(&mut store, &component).unwrap();
+            (store, instance)
+        };
+
+        // Not calling the import is fine.
+        let (mut store, instance) = fresh();
+        let idle = instance.get_typed_func::<(), ()>(&mut store, "idle").unwrap();
+        idle.call(&mut store, ()).unwrap();
+
+        // A trap poisons its instance: a fresh one per call.
+        for (export, what) in [("run-poke", "test:unlinked/thing#poke"), ("run-prod", "prod")] {
+            let (mut store, instance) = fresh();
+            let run = instance.get_typed_func::<(), ()>(&mut store, export).unwrap();
+            let err = format!("{:?}", run.call(&mut store, ()).unwrap_err());
+            assert!(err.contains(&format!("the sandbox grants no `{what}` (the plugin called it)")), "{export}: {err}");
+        }
+    }
+}
