@@ -46,10 +46,7 @@ fn episodes(calls: usize, num_actions: usize, mut reset: impl FnMut(u64), mut st
 }
 
 fn measure<E: Environment>(file: &str, calls: usize) {
-    let dir = std::env::var_os("RAGEN_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"));
-    let plugin = Plugin::from_file(dir.join(format!("{file}.wasm"))).expect("run `make plugins` first");
+    let plugin = Plugin::from_file(ragen_test_fixtures::plugin(file)).expect("a loadable plugin");
     let mut inst = plugin.instantiate().unwrap();
     let env = inst.create(&[]).unwrap().unwrap();
     let idle = inst.create(&[]).unwrap().unwrap();

@@ -3,11 +3,10 @@
 
 use anyhow::Result;
 use common::shipped;
-use ragen_agent::bounds::optimal_success;
-use ragen_agent::policies::{RandomPolicy, SokobanSolverPolicy};
+use ragen_agent::policies::RandomPolicy;
 use ragen_agent::{
-    ByteTokenizer, Context, EVAL_SEED_START, Policy, PromptTemplates, Response, Role, RolloutConfig, RolloutRunner, Tokenizer, read_jsonl,
-    summarize, write_jsonl,
+    ByteTokenizer, Context, Policy, PromptTemplates, Response, Role, RolloutConfig, RolloutRunner, Tokenizer, read_jsonl, summarize,
+    write_jsonl,
 };
 use std::path::PathBuf;
 
@@ -16,54 +15,6 @@ mod common;
 fn runner(name: &str, groups: usize, group_size: usize) -> RolloutRunner {
     let config = RolloutConfig { env_groups: groups, group_size, ..RolloutConfig::default() };
     RolloutRunner::new(shipped(name), &[], config, PromptTemplates::default(), 2).unwrap()
-}
-
-#[test]
-fn the_solver_policy_solves_every_room_whose_solution_fits_the_budget() {
-    let r = runner("sokoban", 64, 1);
-    let seeds: Vec<u64> = (0..64).map(|i| EVAL_SEED_START + i).collect();
-    let mut policy = SokobanSolverPolicy::new(r.spec()).unwrap();
-    let ts = r.run(&mut policy, &seeds).unwrap();
-    let env = ragen_env_sdk::CheckedEnv::<ragen_env_sokoban::Sokoban>::with(&[]).unwrap();
-    let budget = r.limits().max_actions_per_traj as usize;
-    let mut fits = 0;
-    for t in &ts {
-        let room = env.inner().initial_room(t.seed).unwrap();
-        let shortest = ragen_env_sokoban::solver::solve(&room, 1_000_000).unwrap().unwrap().len();
-        if shortest <= budget {
-            fits += 1;
-            assert!(t.success, "seed {}: solution of {shortest} moves fits {budget} but was not found:\n{}", t.seed, t.transcript());
-            assert_eq!(t.num_actions, shortest, "seed {}: the solver takes the shortest path", t.seed);
-            assert_eq!(t.penalty, 0.0);
-        }
-        assert!(t.failure.is_none());
-    }
-    assert!(fits >= 48, "only {fits} of 64 rooms fit the budget");
-    let bound = optimal_success("sokoban", &[], &seeds, r.limits(), 100).unwrap().unwrap();
-    assert_eq!(bound, fits as f64 / 64.0, "the bound counts the same rooms");
-    eprintln!("solver: {fits}/64 rooms fit {budget} actions; all solved");
-}
-
-#[test]
-fn random_baselines_on_the_eval_seeds() {
-    let seeds: Vec<u64> = (0..256).map(|i| EVAL_SEED_START + i).collect();
-    for name in ["bandit", "sokoban", "frozenlake"] {
-        let r = runner(name, 256, 1);
-        let ts = r.run(&mut RandomPolicy::new(7), &seeds).unwrap();
-        let m = summarize(&ts);
-        let bound = optimal_success(name, &[], &seeds, r.limits(), r.spec().limits.max_steps).unwrap().unwrap();
-        eprintln!("{name}: random success {:.3}, return {:.3}, optimal bound {bound:.3}", m.success_rate, m.return_mean);
-        assert_eq!(m.trajectories, 256);
-        assert_eq!(m.failures, 0);
-        // Random replies are always well formed with known names.
-        assert_eq!(m.valid_action_ratio, 1.0);
-        assert!(ts.iter().all(|t| t.penalty == 0.0));
-        assert!(m.success_rate <= bound + 1e-9, "{name}: random beats the optimal bound");
-        if name == "bandit" {
-            assert!((m.success_rate - 0.5).abs() < 0.1, "bandit random success {}", m.success_rate);
-            assert_eq!(bound, 1.0);
-        }
-    }
 }
 
 #[test]

@@ -5,13 +5,12 @@
 
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
 use ragen_runtime::{ErrorKind, Plugin, PluginInstance};
-use std::path::PathBuf;
 
 mod common;
-use common::plugin_path;
+use common::{example, plugin};
 
 fn load(name: &str) -> Plugin {
-    Plugin::from_file(plugin_path(name)).unwrap_or_else(|e| panic!("{name}: {e:#}"))
+    Plugin::from_file(plugin(name)).unwrap_or_else(|e| panic!("{name}: {e:#}"))
 }
 
 fn pairs(settings: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -152,10 +151,7 @@ fn many_envs_in_one_instance_are_independent() {
 
 #[test]
 fn the_authoring_example_builds_and_plays() {
-    let dir = std::env::var_os("RAGEN_EXAMPLE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/examples"));
-    let path = dir.join("corridor.wasm");
+    let path = example("corridor");
     let plugin = Plugin::from_file(&path).unwrap_or_else(|e| panic!("{}: {e:#} (run `make plugins`)", path.display()));
     let mut inst = plugin.instantiate().unwrap();
     assert_eq!(inst.info().unwrap().name, "corridor");

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::optional;
+use common::{loaded_example, shipped};
 use ragen_env_sdk::SeedRng;
 use ragen_runtime::{EnvHandle, PluginInstance, StepResult};
 
@@ -21,8 +21,8 @@ fn view(r: Result<StepResult, ragen_runtime::EnvError>) -> Result<(String, u64, 
 
 #[test]
 fn the_rust_python_and_javascript_corridors_play_identically() {
-    let Some(rust) = optional("example", "corridor") else { return };
-    let twins: Vec<_> = ["corridor-py", "corridor-js"].into_iter().filter_map(|n| optional("example", n).map(|p| (n, p))).collect();
+    let rust = loaded_example("corridor");
+    let twins: Vec<_> = ["corridor-py", "corridor-js"].into_iter().map(|n| (n, loaded_example(n))).collect();
     let mut reference = rust.instantiate().unwrap();
     for (name, plugin) in &twins {
         let mut twin = plugin.instantiate().unwrap();
@@ -85,7 +85,7 @@ fn bisect(inst: &mut PluginInstance, env: EnvHandle, seed: u64) -> (bool, usize,
 
 #[test]
 fn bisection_always_wins_guess_number_and_random_guessing_does_not() {
-    let Some(plugin) = optional("plugin", "guess-number") else { return };
+    let plugin = shipped("guess-number");
     let mut inst = plugin.instantiate().unwrap();
     let env = inst.create(&[]).unwrap().unwrap();
     let spec = inst.spec(env).unwrap();
@@ -124,7 +124,7 @@ fn board(observation: &str) -> Vec<u32> {
 
 #[test]
 fn game_2048_keeps_the_rules() {
-    let Some(plugin) = optional("plugin", "2048") else { return };
+    let plugin = shipped("2048");
     let mut inst = plugin.instantiate().unwrap();
     let env = inst.create(&pairs(&[("size", "4"), ("target", "64"), ("max_moves", "200")])).unwrap().unwrap();
     let (mut successes, mut effective, mut idle) = (0, 0, 0);

@@ -178,3 +178,16 @@ fn a_failure_says_which_plugin_env_and_seed() {
     let text = f.to_string();
     assert!(text.contains("nan-reward.wasm") && text.contains("env 3") && text.contains("seed 3") && text.contains("NaN"), "{text}");
 }
+
+#[test]
+fn a_failed_episode_says_why_when_stepped_again() {
+    // trap-in-reset traps on seeds 3 mod 4; without autoreset, stepping
+    // that env afterwards must say what went wrong, not only "ended".
+    let pool =
+        EnvPool::new(faulty("trap-in-reset", SandboxLimits::default()), &PoolConfig { autoreset: false, ..config(4, 1, 4) }).unwrap();
+    let first = pool.reset_all(&[0, 1, 2, 3]).unwrap();
+    assert!(first[3].is_err() && first[..3].iter().all(Result::is_ok));
+    let again = pool.step(&[3], &[0]).unwrap().remove(0).unwrap_err();
+    assert!(again.message.contains("the episode failed earlier ("), "{again}");
+    assert!(again.message.contains(&first[3].as_ref().unwrap_err().message), "the reason is kept: {again}");
+}

@@ -38,15 +38,7 @@ fn a_plugin_reaching_outside_finds_nothing_and_cannot_sleep() {
 fn an_import_the_host_does_not_link_traps_only_if_called() {
     // The JS corridor built with fetch() kept: it imports wasi:http, which
     // the sandbox does not provide. It must load and play all the same.
-    let path = std::env::var_os("RAGEN_TEST_PLUGIN_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-plugins"))
-        .join("corridor-js-with-http.wasm");
-    if !path.exists() {
-        assert!(std::env::var_os("CI").is_none(), "{} is missing: `make plugins` skipped it", path.display());
-        eprintln!("skipped: {} is missing (no JavaScript toolchain?)", path.display());
-        return;
-    }
+    let path = common::test_plugin("corridor-js-with-http");
     let plugin = ragen_runtime::Plugin::from_file(&path).unwrap();
     assert!(plugin.imports().iter().any(|i| i.starts_with("wasi:http/")), "{:?}", plugin.imports());
     let mut inst = plugin.instantiate().unwrap();

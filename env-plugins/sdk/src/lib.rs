@@ -1,13 +1,73 @@
 //! The Rust authoring kit for ragen-rs environment plugins.
 //!
 //! Write an environment as a plain Rust type implementing [`Environment`],
-//! then export it as a WebAssembly component with one line:
+//! then export it as a WebAssembly component with one line,
+//! `export_env!(MyEnv)`, and build with
+//! `cargo build --target wasm32-wasip2 --profile plugin`.
 //!
-//! ```ignore
-//! ragen_env_sdk::export_env!(MyEnv);
+//! # Examples
+//!
+//! A coin to guess, whole: the plugin is this file in a `cdylib` crate.
+//! Natively, [`CheckedEnv`] drives it as the host would.
+//!
 //! ```
+//! use ragen_env_sdk::*;
 //!
-//! and build with `cargo build --target wasm32-wasip2 --profile plugin`.
+//! pub struct Coin {
+//!     heads: bool,
+//! }
+//!
+//! impl Environment for Coin {
+//!     fn info() -> PluginInfo {
+//!         PluginInfo {
+//!             name: "coin".into(),
+//!             version: "0.1.0".into(),
+//!             description: "Guess the side of a coin.".into(),
+//!             multi_turn: false,
+//!             config_keys: vec![],
+//!         }
+//!     }
+//!     fn new(_: &Config) -> Result<Self, EnvError> {
+//!         Ok(Self { heads: false })
+//!     }
+//!     fn spec(&self) -> EnvSpec {
+//!         EnvSpec {
+//!             instructions: "Guess how the coin landed.".into(),
+//!             legend: vec![],
+//!             actions: vec!["Heads".into(), "Tails".into()],
+//!             limits: Limits { max_actions_per_episode: 1, max_actions_per_turn: 1, max_turns: 1, max_steps: 1 },
+//!             metrics: vec![],
+//!         }
+//!     }
+//!     fn reset(&mut self, seed: u64) -> Result<String, EnvError> {
+//!         // All randomness comes from the seed: same seed, same episode.
+//!         self.heads = SeedRng::new(seed).below(2) == 0;
+//!         Ok(self.render())
+//!     }
+//!     fn step(&mut self, action: u32) -> StepOutcome {
+//!         let success = (action == 0) == self.heads;
+//!         StepOutcome {
+//!             observation: if self.heads { "heads" } else { "tails" }.into(),
+//!             reward: if success { 1.0 } else { 0.0 },
+//!             done: true,
+//!             info: StepInfo { success, action_is_valid: true, action_is_effective: true, metrics: vec![] },
+//!         }
+//!     }
+//!     fn render(&self) -> String {
+//!         "a coin under a cup".into()
+//!     }
+//! }
+//!
+//! // The component's exports on wasm32; nothing natively.
+//! export_env!(Coin);
+//!
+//! let mut env = CheckedEnv::<Coin>::create(&[]).unwrap();
+//! assert_eq!(env.reset(7).unwrap(), "a coin under a cup");
+//! let outcome = env.step(0).unwrap();
+//! assert!(outcome.done);
+//! // The contract's rules are the SDK's: no step after the episode ended.
+//! assert!(env.step(0).is_err());
+//! ```
 //! The same code compiles natively (the macro expands to nothing off wasm),
 //! so unit tests and the host's native benchmark baseline run the exact code
 //! the plugin runs. Contract rules that every environment shares (unknown

@@ -1,6 +1,7 @@
 //! `ragen-host bench`: throughput through the sandbox and the same env
 //! compiled natively, measured in the same run, plus memory per env.
 
+use crate::shipped::Twin;
 use anyhow::{Context, Result, anyhow};
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
 use ragen_runtime::{EnvPool, Plugin, PoolConfig};
@@ -86,11 +87,51 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
     let info = plugin.instantiate()?.info()?;
     let half = Duration::from_secs_f64(opts.seconds / 2.0);
+    let probe = probe_instances(&plugin, opts, &info.name)?;
+    let pool = pool_rates(&plugin, opts, probe.num_actions, half)?;
+    let native = match probe.twin {
+        Some(twin) => Some(twin.bench_native(opts, probe.num_actions, half)?),
+        None => None,
+    };
+    let ratio = native.map(|nat| Rates {
+        resets_per_sec: pool.rates.resets_per_sec / nat.resets_per_sec,
+        steps_per_sec: pool.rates.steps_per_sec / nat.steps_per_sec,
+    });
+    Ok(Report {
+        plugin: file.display().to_string(),
+        name: info.name,
+        envs: opts.envs,
+        threads: opts.threads,
+        instances: pool.stats.instances,
+        envs_per_instance: opts.envs_per_instance,
+        sandboxed: pool.rates,
+        native,
+        ratio,
+        component_bytes: plugin.size_bytes(),
+        load_ms,
+        instantiate_ms: probe.instantiate_ms,
+        linear_memory_bytes_per_instance: probe.linear_memory_bytes_per_instance,
+        resident_bytes_per_instance: probe.resident_bytes_per_instance,
+        resident_bytes_per_env: pool.resident_bytes_per_env,
+        linear_memory_bytes_per_env: pool.stats.memory_bytes as f64 / opts.envs as f64,
+        failures: pool.failures,
+    })
+}
 
-    // Instances held at once, each running one episode: what an instance
-    // costs once its runtime has woken (memory images are copy-on-write, so
-    // an untouched instance costs next to nothing). Only `instantiate` is
-    // timed.
+/// What holding instances costs, and what the first one says of its env.
+struct InstanceProbe {
+    instantiate_ms: f64,
+    resident_bytes_per_instance: f64,
+    linear_memory_bytes_per_instance: f64,
+    num_actions: usize,
+    twin: Option<Twin>,
+}
+
+/// Instances held at once, each running one episode: what an instance
+/// costs once its runtime has woken (memory images are copy-on-write, so
+/// an untouched instance costs next to nothing). Only `instantiate` is
+/// timed.
+fn probe_instances(plugin: &Plugin, opts: &Options, name: &str) -> Result<InstanceProbe> {
     let probes = 16;
     let before = resident_bytes();
     let mut held = Vec::with_capacity(probes);
@@ -103,15 +144,30 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
         inst.reset(env, seed)?.map_err(|e| anyhow!("reset failed: {}", e.message))?;
         held.push((inst, env));
     }
-    let instantiate_ms = instantiating.as_secs_f64() * 1e3 / probes as f64;
     let resident_bytes_per_instance = resident_bytes().saturating_sub(before) as f64 / probes as f64;
     let linear_memory_bytes_per_instance = held.iter().map(|(i, _)| i.memory_bytes() as f64).sum::<f64>() / probes as f64;
-    let num_actions = {
-        let (inst, env) = &mut held[0];
-        inst.spec(*env)?.actions.len()
-    };
-    drop(held);
+    let (inst, env) = &mut held[0];
+    let num_actions = inst.spec(*env)?.actions.len();
+    let twin = Twin::find(name, inst, *env, &opts.settings)?;
+    Ok(InstanceProbe {
+        instantiate_ms: instantiating.as_secs_f64() * 1e3 / probes as f64,
+        resident_bytes_per_instance,
+        linear_memory_bytes_per_instance,
+        num_actions,
+        twin,
+    })
+}
 
+/// The sandboxed side: a pool of `opts.envs` envs reset, then stepped with
+/// random actions, each for `budget`.
+struct PoolRates {
+    rates: Rates,
+    stats: ragen_runtime::PoolStats,
+    resident_bytes_per_env: f64,
+    failures: usize,
+}
+
+fn pool_rates(plugin: &Arc<Plugin>, opts: &Options, num_actions: usize, budget: Duration) -> Result<PoolRates> {
     let before = resident_bytes();
     let config = PoolConfig {
         threads: opts.threads,
@@ -123,7 +179,7 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
     let stats = pool.stats()?;
     let n = opts.envs;
     let mut failures = 0;
-    let resets = rate(half, |round| {
+    let resets = rate(budget, |round| {
         let seeds: Vec<u64> = (0..n as u64).map(|i| round * n as u64 + i).collect();
         let out = pool.reset_all(&seeds)?;
         failures += out.iter().filter(|r| r.is_err()).count();
@@ -132,48 +188,18 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
     // Resident memory once every env holds a running episode.
     let resident_bytes_per_env = resident_bytes().saturating_sub(before) as f64 / n as f64;
     let mut rng = SeedRng::new(1);
-    let steps = rate(half, |_| {
+    let steps = rate(budget, |_| {
         let actions: Vec<u32> = (0..n).map(|_| rng.below(num_actions) as u32).collect();
         let out = pool.step_all(&actions)?;
         failures += out.iter().filter(|r| r.is_err()).count();
         Ok(n)
     })?;
-    let sandboxed = Rates { resets_per_sec: resets, steps_per_sec: steps };
-
-    let native = match info.name.as_str() {
-        "bandit" => Some(native::<ragen_env_bandit::Bandit>(opts, num_actions, half)?),
-        "sokoban" => Some(native::<ragen_env_sokoban::Sokoban>(opts, num_actions, half)?),
-        "frozenlake" => Some(native::<ragen_env_frozenlake::FrozenLake>(opts, num_actions, half)?),
-        _ => None,
-    };
-    let ratio = native.map(|nat| Rates {
-        resets_per_sec: sandboxed.resets_per_sec / nat.resets_per_sec,
-        steps_per_sec: sandboxed.steps_per_sec / nat.steps_per_sec,
-    });
-    Ok(Report {
-        plugin: file.display().to_string(),
-        name: info.name,
-        envs: n,
-        threads: opts.threads,
-        instances: stats.instances,
-        envs_per_instance: opts.envs_per_instance,
-        sandboxed,
-        native,
-        ratio,
-        component_bytes: plugin.size_bytes(),
-        load_ms,
-        instantiate_ms,
-        linear_memory_bytes_per_instance,
-        resident_bytes_per_instance,
-        resident_bytes_per_env,
-        linear_memory_bytes_per_env: stats.memory_bytes as f64 / n as f64,
-        failures,
-    })
+    Ok(PoolRates { rates: Rates { resets_per_sec: resets, steps_per_sec: steps }, stats, resident_bytes_per_env, failures })
 }
 
 /// The same workload on the env compiled natively: `opts.envs` envs split
 /// over `opts.threads` threads, next-step autoreset as in the pool.
-fn native<E: Environment>(opts: &Options, num_actions: usize, budget: Duration) -> Result<Rates> {
+pub(crate) fn native<E: Environment>(opts: &Options, num_actions: usize, budget: Duration) -> Result<Rates> {
     let per_thread = opts.envs.div_ceil(opts.threads.max(1));
     let run = |reset_phase: bool| -> Result<f64> {
         let totals: Vec<Result<(usize, f64)>> = std::thread::scope(|s| {

@@ -66,6 +66,31 @@ pub fn write(path: &Path, history: &[StepMetrics]) -> Result<()> {
     draw(path, charts)
 }
 
+/// `ragen-host compare`: read each run directory's metrics and draw them
+/// side by side into `out`. A run is labelled by its directory name, with
+/// its algorithm where the name does not already say it.
+pub fn compare_runs(runs: &[std::path::PathBuf], out: &Path) -> Result<()> {
+    let mut loaded = Vec::with_capacity(runs.len());
+    for dir in runs {
+        let metrics = dir.join("metrics.jsonl");
+        if !metrics.exists() {
+            anyhow::bail!("`{}` is not a run directory: it has no metrics.jsonl", dir.display());
+        }
+        let history = ragen_learner::read_metrics(&metrics)?;
+        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let algo = ragen_learner::TrainConfig::load(&dir.join("config.toml"))
+            .ok()
+            .and_then(|c| serde_json::to_value(c.algo).ok())
+            .and_then(|v| v.as_str().map(str::to_string));
+        let label = match algo {
+            Some(algo) if algo != name => format!("{name} ({algo})"),
+            _ => name,
+        };
+        loaded.push((label, history));
+    }
+    compare(out, &loaded)
+}
+
 /// Several runs side by side (e.g. StarPO and StarPO-S on one env and
 /// seed): one line per run in each of six panels.
 pub fn compare(path: &Path, runs: &[(String, Vec<StepMetrics>)]) -> Result<()> {

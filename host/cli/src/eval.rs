@@ -2,9 +2,10 @@
 //! each, as the reference evaluates) and report success against the
 //! optimal policy's ceiling.
 
+use crate::shipped::Twin;
+use crate::solver::SokobanSolverPolicy;
 use anyhow::{Context, Result, bail};
-use ragen_agent::bounds::optimal_success;
-use ragen_agent::policies::{RandomPolicy, SokobanSolverPolicy};
+use ragen_agent::policies::RandomPolicy;
 use ragen_agent::{AgentConfig, LoopLimits, Policy, RolloutConfig, RolloutRunner, Trajectory, summarize, write_jsonl};
 use ragen_runtime::Plugin;
 use serde::Serialize;
@@ -39,7 +40,8 @@ pub struct Report {
     pub actions_mean: f64,
     pub turns_mean: f64,
     /// Success of the best possible play on the same seeds within the same
-    /// action budget; `null` where no solver exists.
+    /// action budget; `null` where no solver exists (the plugin has no
+    /// native twin in this build: see `shipped`).
     pub optimal_success: Option<f64>,
     pub failures: usize,
     #[serde(skip)]
@@ -50,8 +52,16 @@ pub fn eval(opts: Options) -> Result<Report> {
     if opts.episodes == 0 {
         bail!("--episodes must be at least 1");
     }
-    let plugin = Arc::new(Plugin::from_file(&opts.env)?);
+    let plugin = Arc::new(Plugin::from_file_with(&opts.env, opts.config.sandbox.limits()?)?);
     let settings = opts.config.env_settings(&opts.settings);
+    let twin = {
+        let mut inst = plugin.instantiate()?;
+        let info = inst.info()?;
+        match inst.create(&settings)? {
+            Ok(env) => Twin::find(&info.name, &mut inst, env, &settings)?,
+            Err(_) => None, // the runner below names the rejected settings
+        }
+    };
     // Evaluation: one sample per seed.
     let rollout = RolloutConfig { env_groups: opts.episodes, group_size: 1, ..opts.config.rollout.clone() };
     let runner = RolloutRunner::new(plugin, &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
@@ -87,7 +97,10 @@ pub fn eval(opts: Options) -> Result<Report> {
     }
     let m = summarize(&ts);
     let limits = runner.limits();
-    let bound = optimal_success(&runner.info().name, &settings, &seeds, limits, runner.spec().limits.max_steps)?;
+    let bound = match twin {
+        Some(twin) => Some(twin.optimal_success(&settings, &seeds, limits, runner.spec().limits.max_steps)?),
+        None => None,
+    };
     Ok(Report {
         plugin: runner.info().name.clone(),
         policy: policy.name().to_string(),

@@ -6,6 +6,8 @@ mod dashboard;
 mod eval;
 mod inspect;
 mod play;
+mod shipped;
+mod solver;
 mod train;
 mod validate;
 
@@ -250,15 +252,20 @@ fn default_threads(threads: Option<usize>) -> usize {
     threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1)
 }
 
+/// Print `report` as one pretty JSON object (`--json`) or as its text.
+fn print_report<T: serde::Serialize>(report: &T, json: bool, text: impl FnOnce(&T) -> String) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report).context("cannot write JSON")?);
+    } else {
+        print!("{}", text(report));
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Inspect { file, json, settings } => {
-            let report = inspect::inspect(&file, &settings.parse()?)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
-            } else {
-                print!("{}", report.to_text());
-            }
+            print_report(&inspect::inspect(&file, &settings.parse()?)?, json, inspect::Report::to_text)?;
         }
         Command::Validate { file, seeds, call_timeout_ms, memory_mib, settings } => {
             let limits = SandboxLimits {
@@ -283,49 +290,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             let report =
                 backend::with_backend!(backend, B, device => bench::policy::<B>(&file, config.as_deref(), batch, seconds, device)?);
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
-            } else {
-                print!("{}", report.to_text());
-            }
+            print_report(&report, json, ragen_policy::PolicyBenchReport::to_text)?;
         }
         Command::Bench { file, envs, threads, seconds, envs_per_instance, json, settings, .. } => {
             if envs == 0 || !(seconds > 0.0) {
                 bail!("--envs and --seconds must be positive");
             }
-            let threads = default_threads(threads);
-            let opts = bench::Options { envs, threads, seconds, envs_per_instance, settings: settings.parse()? };
-            let report = bench::bench(&file, &opts)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
-            } else {
-                print!("{}", report.to_text());
-            }
+            let opts = bench::Options { envs, threads: default_threads(threads), seconds, envs_per_instance, settings: settings.parse()? };
+            print_report(&bench::bench(&file, &opts)?, json, bench::Report::to_text)?;
         }
         Command::Compare { runs, out } => {
-            let mut loaded = Vec::with_capacity(runs.len());
-            for dir in &runs {
-                let metrics = std::fs::read_to_string(dir.join("metrics.jsonl"))
-                    .with_context(|| format!("`{}` is not a run directory: it has no metrics.jsonl", dir.display()))?;
-                let history: Vec<ragen_learner::StepMetrics> = metrics
-                    .lines()
-                    .enumerate()
-                    .map(|(i, l)| {
-                        serde_json::from_str(l).with_context(|| format!("{}/metrics.jsonl line {} is damaged", dir.display(), i + 1))
-                    })
-                    .collect::<Result<_>>()?;
-                let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-                let algo = ragen_learner::TrainConfig::load(&dir.join("config.toml"))
-                    .ok()
-                    .and_then(|c| serde_json::to_value(c.algo).ok())
-                    .and_then(|v| v.as_str().map(str::to_string));
-                let label = match algo {
-                    Some(algo) if algo != name => format!("{name} ({algo})"),
-                    _ => name,
-                };
-                loaded.push((label, history));
-            }
-            dashboard::compare(&out, &loaded)?;
+            dashboard::compare_runs(&runs, &out)?;
             eprintln!("wrote {}", out.display());
         }
         Command::Train { env, config, steps, seed, out, backend, resume, algo, settings } => {
@@ -339,24 +314,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 (None, Some(run)) => ragen_learner::TrainConfig::load(&run.join("config.toml"))?.agent,
                 (None, None) => ragen_agent::AgentConfig::default(),
             };
-            let opts = eval::Options {
-                env,
-                policy,
-                checkpoint,
-                episodes,
-                seed_start,
-                seed,
-                config,
-                settings: settings.parse()?,
-                threads: default_threads(threads),
-                trajectories,
-            };
-            let report = eval::eval(opts)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report).context("cannot write JSON")?);
-            } else {
-                print!("{}", report.to_text());
-            }
+            let settings = settings.parse()?;
+            let threads = default_threads(threads);
+            let opts = eval::Options { env, policy, checkpoint, episodes, seed_start, seed, config, settings, threads, trajectories };
+            print_report(&eval::eval(opts)?, json, eval::Report::to_text)?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -2,7 +2,7 @@
 //! names as the agent would (`Up || Left`).
 
 use anyhow::{Context, Result, anyhow};
-use ragen_runtime::Plugin;
+use ragen_runtime::{EnvHandle, EnvSpec, Plugin, PluginInstance};
 use std::io::{BufRead, Write};
 use std::path::Path;
 
@@ -21,15 +21,8 @@ pub fn play(file: &Path, seed: u64, settings: &[(String, String)], input: &mut d
         writeln!(out, "Symbols: {}", legend.join(", "))?;
     }
     writeln!(out, "Actions: {}\n{HELP}", spec.actions.join(", "))?;
-
-    let mut seed = seed;
-    let mut total = 0.0;
-    let start = |inst: &mut ragen_runtime::PluginInstance, seed: u64, out: &mut dyn Write| -> Result<()> {
-        let obs = inst.reset(env, seed)?.map_err(|e| anyhow!("reset(seed {seed}) failed: {}", e.message))?;
-        writeln!(out, "\nEpisode with seed {seed}:\n{obs}")?;
-        Ok(())
-    };
-    start(&mut inst, seed, out)?;
+    let mut game = Game { inst, env, spec, seed, total: 0.0 };
+    game.start(out)?;
     let mut line = String::new();
     loop {
         write!(out, "> ")?;
@@ -39,33 +32,63 @@ pub fn play(file: &Path, seed: u64, settings: &[(String, String)], input: &mut d
             writeln!(out)?;
             return Ok(());
         }
-        let command = line.trim();
+        if !game.command(line.trim(), out)? {
+            return Ok(());
+        }
+    }
+}
+
+/// One person's game: the env, its rules, and the episode under way.
+struct Game {
+    inst: PluginInstance,
+    env: EnvHandle,
+    spec: EnvSpec,
+    seed: u64,
+    /// The episode's return so far.
+    total: f64,
+}
+
+impl Game {
+    /// Start an episode from `self.seed`.
+    fn start(&mut self, out: &mut dyn Write) -> Result<()> {
+        let seed = self.seed;
+        let obs = self.inst.reset(self.env, seed)?.map_err(|e| anyhow!("reset(seed {seed}) failed: {}", e.message))?;
+        self.total = 0.0;
+        writeln!(out, "\nEpisode with seed {seed}:\n{obs}")?;
+        Ok(())
+    }
+
+    /// Carry out one typed line; `false` when the person leaves.
+    fn command(&mut self, command: &str, out: &mut dyn Write) -> Result<bool> {
         let lower = command.to_lowercase();
         let mut words = lower.split_whitespace();
         match words.next() {
-            None => continue,
-            Some("quit" | "q" | "exit") => return Ok(()),
-            Some("help" | "?") => {
-                writeln!(out, "Actions: {}\n{HELP}", spec.actions.join(", "))?;
-                continue;
-            }
+            None => {}
+            Some("quit" | "q" | "exit") => return Ok(false),
+            Some("help" | "?") => writeln!(out, "Actions: {}\n{HELP}", self.spec.actions.join(", "))?,
             Some("reset") => {
-                seed = match words.next() {
-                    Some(n) => match n.parse() {
-                        Ok(n) => n,
-                        Err(_) => {
-                            writeln!(out, "`{n}` is not a seed; use a whole number, e.g. `reset 7`")?;
-                            continue;
-                        }
-                    },
-                    None => seed + 1,
-                };
-                total = 0.0;
-                start(&mut inst, seed, out)?;
-                continue;
+                let next = words.next();
+                match next.map(|n| (n, n.parse::<u64>())) {
+                    Some((n, Err(_))) => writeln!(out, "`{n}` is not a seed; use a whole number, e.g. `reset 7`")?,
+                    Some((_, Ok(n))) => {
+                        self.seed = n;
+                        self.start(out)?;
+                    }
+                    None => {
+                        self.seed += 1;
+                        self.start(out)?;
+                    }
+                }
             }
-            Some(_) => {}
+            Some(_) => self.act(command, out)?,
         }
+        Ok(true)
+    }
+
+    /// Play `a || b || …`: unknown names are skipped with a note; the turn
+    /// stops at an env error or the episode's end.
+    fn act(&mut self, command: &str, out: &mut dyn Write) -> Result<()> {
+        let spec = &self.spec;
         let mut actions = Vec::new();
         for word in command.split("||").map(str::trim).filter(|w| !w.is_empty()) {
             match spec.actions.iter().position(|a| a.eq_ignore_ascii_case(word)) {
@@ -74,32 +97,33 @@ pub fn play(file: &Path, seed: u64, settings: &[(String, String)], input: &mut d
             }
         }
         for id in actions {
-            match inst.step(env, id)? {
+            let r = match self.inst.step(self.env, id)? {
                 Err(e) => {
                     writeln!(out, "{}", e.message)?;
                     break;
                 }
-                Ok(r) => {
-                    total += r.reward;
-                    let metrics: String = spec.metrics.iter().zip(&r.info.metrics).map(|(name, v)| format!(", {name} {v}")).collect();
-                    writeln!(
-                        out,
-                        "{}: reward {} (return {total:.2}), done {}, success {}, valid {}, effective {}{metrics}\n{}",
-                        spec.actions[id as usize],
-                        r.reward,
-                        r.done,
-                        r.info.success,
-                        r.info.action_is_valid,
-                        r.info.action_is_effective,
-                        r.observation
-                    )?;
-                    if r.done {
-                        let how = if r.info.success { "solved" } else { "not solved" };
-                        writeln!(out, "Episode over ({how}), return {total:.2}. Type `reset` for a new episode or `quit`.")?;
-                        break;
-                    }
-                }
+                Ok(r) => r,
+            };
+            self.total += r.reward;
+            let total = self.total;
+            let metrics: String = spec.metrics.iter().zip(&r.info.metrics).map(|(name, v)| format!(", {name} {v}")).collect();
+            writeln!(
+                out,
+                "{}: reward {} (return {total:.2}), done {}, success {}, valid {}, effective {}{metrics}\n{}",
+                spec.actions[id as usize],
+                r.reward,
+                r.done,
+                r.info.success,
+                r.info.action_is_valid,
+                r.info.action_is_effective,
+                r.observation
+            )?;
+            if r.done {
+                let how = if r.info.success { "solved" } else { "not solved" };
+                writeln!(out, "Episode over ({how}), return {total:.2}. Type `reset` for a new episode or `quit`.")?;
+                break;
             }
         }
+        Ok(())
     }
 }

@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use ragen_learner::{Algo, TrainConfig, train};
+use ragen_learner::{Algo, StepMetrics, TrainConfig, read_metrics, train};
 use ragen_runtime::Plugin;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,6 +26,32 @@ pub fn run(opts: Options) -> Result<()> {
     if !opts.backend.built() {
         return Err(opts.backend.missing());
     }
+    let (config, out, resume) = resolve(&opts)?;
+    let plugin = Arc::new(Plugin::from_file_with(&opts.env, config.agent.sandbox.limits()?)?);
+    let stop = stop_on_ctrl_c()?;
+    eprintln!("training `{}` with {:?} for {} steps into {}", opts.env.display(), config.algo, config.steps, out.display());
+    let mut progress = Progress::new(&config, &out)?;
+    let history = crate::backend::with_backend!(opts.backend, B, device => train::<B>(
+        plugin, &config, &out, resume, device, &stop, |m| progress.on_step(m)
+    )?);
+    progress.bar.finish();
+    let last_val = history.iter().rev().find_map(|m| m.val_success);
+    eprintln!(
+        "done: {} steps; last validation success {}; in {}: metrics.jsonl, dashboard.png, checkpoint/",
+        history.len(),
+        last_val.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "n/a".into()),
+        out.display()
+    );
+    if stop.load(Ordering::SeqCst) {
+        eprintln!("stopped early; continue with: ragen-host train --env {} --resume {}", opts.env.display(), out.display());
+    }
+    Ok(())
+}
+
+/// The config (the run's own on `--resume`, else `--config` or the
+/// default) with the command line's overrides, the run directory, and
+/// whether it resumes.
+fn resolve(opts: &Options) -> Result<(TrainConfig, PathBuf, bool)> {
     let (mut config, out, resume) = match &opts.resume {
         Some(dir) => (TrainConfig::load(&dir.join("config.toml")).context("--resume needs a run directory")?, dir.clone(), true),
         None => (opts.config.as_deref().map(TrainConfig::load).transpose()?.unwrap_or_default(), opts.out.clone(), false),
@@ -45,45 +71,61 @@ pub fn run(opts: Options) -> Result<()> {
     for (k, v) in &opts.settings {
         config.agent.env.insert(k.clone(), toml::Value::String(v.clone()));
     }
-    let plugin = Arc::new(Plugin::from_file(&opts.env)?);
+    Ok((config, out, resume))
+}
 
+/// The flag the first Ctrl-C raises (the run stops after the current step,
+/// with a checkpoint); a second one exits at once.
+fn stop_on_ctrl_c() -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        ctrlc::set_handler(move || {
-            if stop.swap(true, Ordering::SeqCst) {
-                eprintln!("\nsecond Ctrl-C: stopping now without a final checkpoint");
-                std::process::exit(130);
-            }
-            eprintln!("\nCtrl-C: finishing this step, then writing a checkpoint (Ctrl-C again to abort)");
-        })
-        .context("cannot install the Ctrl-C handler")?;
+    let flag = stop.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            eprintln!("\nsecond Ctrl-C: stopping now without a final checkpoint");
+            std::process::exit(130);
+        }
+        eprintln!("\nCtrl-C: finishing this step, then writing a checkpoint (Ctrl-C again to abort)");
+    })
+    .context("cannot install the Ctrl-C handler")?;
+    Ok(stop)
+}
+
+/// The progress bar, its warnings, and the dashboard redrawn on validation
+/// steps.
+struct Progress {
+    bar: ProgressBar,
+    steps: u64,
+    dashboard: PathBuf,
+    dashboard_warned: bool,
+    /// Every step so far, a resumed run's earlier ones included, so the
+    /// dashboard shows the whole run.
+    seen: Vec<StepMetrics>,
+}
+
+impl Progress {
+    fn new(config: &TrainConfig, out: &std::path::Path) -> Result<Self> {
+        let bar = ProgressBar::new(config.steps);
+        bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} steps {elapsed_precise} | {msg}").expect("a valid template"));
+        let metrics = out.join("metrics.jsonl");
+        let seen = if metrics.exists() { read_metrics(&metrics)? } else { Vec::new() };
+        Ok(Self { bar, steps: config.steps, dashboard: out.join("dashboard.png"), dashboard_warned: false, seen })
     }
 
-    let bar = ProgressBar::new(config.steps);
-    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} steps {elapsed_precise} | {msg}").expect("a valid template"));
-    eprintln!("training `{}` with {:?} for {} steps into {}", opts.env.display(), config.algo, config.steps, out.display());
-    let dashboard = out.join("dashboard.png");
-    // The resumed part of a run, so the dashboard shows the whole run.
-    let mut seen: Vec<ragen_learner::StepMetrics> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
-        .unwrap_or_default();
-    let mut dashboard_warned = false;
-    let on_step = |m: &ragen_learner::StepMetrics| {
-        seen.retain(|old| old.step < m.step);
-        seen.push(m.clone());
+    fn on_step(&mut self, m: &StepMetrics) {
+        self.seen.retain(|old| old.step < m.step);
+        self.seen.push(m.clone());
         // Redraw on validation steps (and the last): cheap next to a step.
-        if m.val_success.is_some() || m.step + 1 == config.steps {
-            if let Err(e) = crate::dashboard::write(&dashboard, &seen) {
-                if !dashboard_warned {
-                    bar.println(format!("warning: no dashboard: {e:#}"));
-                    dashboard_warned = true;
+        if m.val_success.is_some() || m.step + 1 == self.steps {
+            if let Err(e) = crate::dashboard::write(&self.dashboard, &self.seen) {
+                if !self.dashboard_warned {
+                    self.bar.println(format!("warning: no dashboard: {e:#}"));
+                    self.dashboard_warned = true;
                 }
             }
         }
-        bar.set_position(m.step + 1);
+        self.bar.set_position(m.step + 1);
         let val = m.val_success.map(|v| format!(" val {:.1}%", 100.0 * v)).unwrap_or_default();
-        bar.set_message(format!(
+        self.bar.set_message(format!(
             "success {:.1}% reward {:.2} std {:.2} entropy {:.2}{val}",
             100.0 * m.success,
             m.return_mean,
@@ -91,24 +133,10 @@ pub fn run(opts: Options) -> Result<()> {
             m.entropy
         ));
         if let Some(alarm) = &m.collapse_alarm {
-            bar.println(format!("warning at step {}: {alarm}", m.step));
+            self.bar.println(format!("warning at step {}: {alarm}", m.step));
         }
         if let Some(skipped) = &m.skipped {
-            bar.println(format!("warning at step {}: update skipped: {skipped}", m.step));
+            self.bar.println(format!("warning at step {}: update skipped: {skipped}", m.step));
         }
-    };
-    let history =
-        crate::backend::with_backend!(opts.backend, B, device => train::<B>(plugin, &config, &out, resume, device, &stop, on_step)?);
-    bar.finish();
-    let last_val = history.iter().rev().find_map(|m| m.val_success);
-    eprintln!(
-        "done: {} steps; last validation success {}; in {}: metrics.jsonl, dashboard.png, checkpoint/",
-        history.len(),
-        last_val.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "n/a".into()),
-        out.display()
-    );
-    if stop.load(Ordering::SeqCst) {
-        eprintln!("stopped early; continue with: ragen-host train --env {} --resume {}", opts.env.display(), out.display());
     }
-    Ok(())
 }

@@ -4,14 +4,14 @@
 
 mod common;
 
-use common::{optional, ragen_host, scratch, text};
+use common::{example, plugin, ragen_host, scratch, text};
 
 #[test]
 fn the_python_and_javascript_plugins_and_every_guide_example_pass_validate() {
     let files =
         [("plugin", "guess-number"), ("plugin", "2048"), ("example", "corridor"), ("example", "corridor-py"), ("example", "corridor-js")];
     for (kind, name) in files {
-        let Some(file) = optional(kind, name) else { continue };
+        let file = if kind == "plugin" { plugin(name) } else { example(name) };
         let out = ragen_host(&["validate", file.to_str().unwrap()]);
         let report = text(&out);
         assert!(out.status.success(), "{name}:\n{report}");
@@ -28,7 +28,7 @@ fn play(file: &std::path::Path, args: &[&str], keys: &str) -> String {
 
 #[test]
 fn a_person_plays_guess_number() {
-    let Some(file) = optional("plugin", "guess-number") else { return };
+    let file = plugin("guess-number");
     // Try every number, each in a fresh episode of the same seed: exactly
     // one is the secret, and every other answer points towards it.
     let keys: String = (1..=16).map(|g| format!("{g}\nreset 7\n")).collect();
@@ -49,7 +49,7 @@ fn a_person_plays_guess_number() {
 
 #[test]
 fn a_person_plays_2048() {
-    let Some(file) = optional("plugin", "2048") else { return };
+    let file = plugin("2048");
     let screen = play(&file, &["--seed", "3", "--set", "size=4"], "left || up\ndiagonal\nright\nquit\n");
     assert!(screen.contains("Actions: Up, Down, Left, Right"), "{screen}");
     assert!(screen.contains("unknown action `diagonal`"), "{screen}");
@@ -62,7 +62,7 @@ fn a_person_plays_2048() {
 
 #[test]
 fn bench_reports_the_cost_of_a_language_runtime() {
-    let Some(file) = optional("plugin", "guess-number") else { return };
+    let file = plugin("guess-number");
     let out = ragen_host(&["bench", file.to_str().unwrap(), "--envs", "64", "--seconds", "0.4", "--json"]);
     assert!(out.status.success(), "{}", text(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -94,7 +94,7 @@ fn train_runs_on_the_python_and_javascript_plugins() {
     let config = dir.join("tiny.toml");
     std::fs::write(&config, TINY).unwrap();
     for name in ["guess-number", "2048"] {
-        let Some(file) = optional("plugin", name) else { continue };
+        let file = plugin(name);
         let out_dir = dir.join(name);
         let _ = std::fs::remove_dir_all(&out_dir);
         let out = ragen_host(&[

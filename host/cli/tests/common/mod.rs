@@ -1,4 +1,4 @@
-//! Helpers shared by the CLI tests: find the built plugins, run the binary.
+//! Helpers shared by the CLI tests: the built plugins (`ragen-test-fixtures`), running the binary.
 
 #![allow(dead_code)]
 
@@ -6,42 +6,19 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-fn dir(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(default))
-}
-
 /// A shipped plugin (`make plugins`).
 pub fn plugin(name: &str) -> PathBuf {
-    let path = dir("RAGEN_PLUGIN_DIR", "../../target/plugins").join(format!("{name}.wasm"));
-    assert!(path.exists(), "{} is missing: run `make plugins` first", path.display());
-    path
+    ragen_test_fixtures::plugin(name)
 }
 
-/// A plugin built by a toolchain `make plugins` may have had to skip (the
-/// Python and JavaScript ones): `None`, with a note, when it is missing, so
-/// a machine without Python or Node still passes the rest. Under CI
-/// (`CI=true`), where `.ci/run` installs those toolchains, missing is a
-/// failure.
-pub fn optional(kind: &str, name: &str) -> Option<PathBuf> {
-    let path = match kind {
-        "plugin" => dir("RAGEN_PLUGIN_DIR", "../../target/plugins"),
-        _ => dir("RAGEN_EXAMPLE_DIR", "../../target/examples"),
-    }
-    .join(format!("{name}.wasm"));
-    if path.exists() {
-        return Some(path);
-    }
-    let why = format!("{} is missing: `make plugins` skipped it (see its warning: no Python or Node toolchain?)", path.display());
-    assert!(std::env::var_os("CI").is_none(), "{why}");
-    eprintln!("skipped: {why}");
-    None
+/// An authoring example (`make plugins`).
+pub fn example(name: &str) -> PathBuf {
+    ragen_test_fixtures::example(name)
 }
 
 /// A deliberately broken plugin (`make test-plugins`).
 pub fn faulty(fault: &str) -> PathBuf {
-    let path = dir("RAGEN_TEST_PLUGIN_DIR", "../../target/test-plugins").join(format!("{fault}.wasm"));
-    assert!(path.exists(), "{} is missing: run `make test-plugins` first", path.display());
-    path
+    ragen_test_fixtures::test_plugin(fault)
 }
 
 /// A scratch directory for files a test writes.
