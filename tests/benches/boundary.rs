@@ -15,7 +15,6 @@
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
 use ragen_runtime::Plugin;
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::Instant;
 
 const ROUNDS: usize = 7;

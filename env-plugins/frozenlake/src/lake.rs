@@ -56,8 +56,14 @@ impl Lake {
         self.size
     }
 
+    /// Cells in the grid (width × height).
     pub fn len(&self) -> usize {
         self.tiles.len()
+    }
+
+    /// Whether the grid has no cells (never, for a generated one).
+    pub fn is_empty(&self) -> bool {
+        self.tiles.is_empty()
     }
 
     pub fn tile(&self, cell: usize) -> Tile {

@@ -40,7 +40,7 @@ pub struct Generated {
 /// Generate a `width` x `height` room with `num_boxes` boxes from `seed`.
 /// Deterministic: the same arguments always give the same room.
 pub fn generate(seed: u64, width: usize, height: usize, num_boxes: usize, search_depth: u32) -> Result<Generated, String> {
-    assert!(num_boxes >= 1 && num_boxes <= MAX_BOXES);
+    assert!((1..=MAX_BOXES).contains(&num_boxes));
     for attempt in 0..ATTEMPTS {
         let mut rng = SeedRng::stream(seed, attempt);
         for _ in 0..TRIES {
@@ -204,13 +204,12 @@ fn reverse_play(width: usize, height: usize, tiles: Vec<Tile>, player: usize, se
         if let Some(to) = step(from, dir).filter(|&c| tiles[c] != Tile::Wall && !has_box(&parent, c)) {
             child.player = to as u16;
             // Actions 0..4 also pull the box behind the player, if any.
-            if action < 4 {
-                if let Some(behind) = step(from, opposite(dir)) {
-                    if let Some(i) = (0..n).find(|&i| parent.boxes[i] as usize == behind) {
-                        child.boxes[i] = from as u16;
-                        child.pulls += 1;
-                    }
-                }
+            if action < 4
+                && let Some(behind) = step(from, opposite(dir))
+                && let Some(i) = (0..n).find(|&i| parent.boxes[i] as usize == behind)
+            {
+                child.boxes[i] = from as u16;
+                child.pulls += 1;
             }
         }
         enter(child, &mut stack, &mut explored);

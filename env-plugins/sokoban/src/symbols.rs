@@ -196,11 +196,12 @@ fn parse_grid(text: &str, decode: impl Fn(char) -> Option<(Tile, bool, bool)>) -
     seen[player] = true;
     while let Some(cell) = stack.pop() {
         for dir in crate::room::Dir::ALL {
-            if let Some(n) = room.neighbor(cell, dir) {
-                if !seen[n] && tiles[n] != Tile::Wall {
-                    seen[n] = true;
-                    stack.push(n);
-                }
+            if let Some(n) = room.neighbor(cell, dir)
+                && !seen[n]
+                && tiles[n] != Tile::Wall
+            {
+                seen[n] = true;
+                stack.push(n);
             }
         }
     }

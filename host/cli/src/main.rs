@@ -285,16 +285,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             play::play(&file, seed, &settings.parse()?, &mut stdin.lock(), &mut std::io::stdout())?;
         }
         Command::Bench { file, policy: true, config, batch, seconds, json, backend, .. } => {
-            if batch == 0 || !(seconds > 0.0) {
-                bail!("--batch and --seconds must be positive");
+            if batch == 0 || !seconds.is_finite() || seconds <= 0.0 {
+                bail!("--batch and --seconds must be positive (and --seconds finite)");
             }
             let report =
                 backend::with_backend!(backend, B, device => bench::policy::<B>(&file, config.as_deref(), batch, seconds, device)?);
             print_report(&report, json, ragen_policy::PolicyBenchReport::to_text)?;
         }
         Command::Bench { file, envs, threads, seconds, envs_per_instance, json, settings, .. } => {
-            if envs == 0 || !(seconds > 0.0) {
-                bail!("--envs and --seconds must be positive");
+            if envs == 0 || !seconds.is_finite() || seconds <= 0.0 {
+                bail!("--envs and --seconds must be positive (and --seconds finite)");
             }
             let opts = bench::Options { envs, threads: default_threads(threads), seconds, envs_per_instance, settings: settings.parse()? };
             print_report(&bench::bench(&file, &opts)?, json, bench::Report::to_text)?;

@@ -115,13 +115,12 @@ impl Progress {
         self.seen.retain(|old| old.step < m.step);
         self.seen.push(m.clone());
         // Redraw on validation steps (and the last): cheap next to a step.
-        if m.val_success.is_some() || m.step + 1 == self.steps {
-            if let Err(e) = crate::dashboard::write(&self.dashboard, &self.seen) {
-                if !self.dashboard_warned {
-                    self.bar.println(format!("warning: no dashboard: {e:#}"));
-                    self.dashboard_warned = true;
-                }
-            }
+        if (m.val_success.is_some() || m.step + 1 == self.steps)
+            && let Err(e) = crate::dashboard::write(&self.dashboard, &self.seen)
+            && !self.dashboard_warned
+        {
+            self.bar.println(format!("warning: no dashboard: {e:#}"));
+            self.dashboard_warned = true;
         }
         self.bar.set_position(m.step + 1);
         let val = m.val_success.map(|v| format!(" val {:.1}%", 100.0 * v)).unwrap_or_default();

@@ -223,7 +223,7 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
             Err(e) => (UpdateStats::default(), Some(format!("{e:#}"))),
         };
         let update_seconds = clock.elapsed().as_secs_f64();
-        let val_success = if (step + 1) % config.test_freq.max(1) == 0 || step + 1 == config.steps || step == 0 {
+        let val_success = if (step + 1).is_multiple_of(config.test_freq.max(1)) || step + 1 == config.steps || step == 0 {
             Some(self.validate(seed)?)
         } else {
             None

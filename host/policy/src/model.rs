@@ -45,7 +45,7 @@ pub struct PolicyModelConfig {
 
 impl PolicyModelConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> PolicyModel<B> {
-        assert!(self.d_model % self.n_heads == 0, "d_model ({}) must be a multiple of n_heads ({})", self.d_model, self.n_heads);
+        assert!(self.d_model.is_multiple_of(self.n_heads), "d_model ({}) must be a multiple of n_heads ({})", self.d_model, self.n_heads);
         let d = self.d_model;
         let blocks = (0..self.n_layers)
             .map(|_| Block {
@@ -273,7 +273,7 @@ struct Rotation<B: Backend> {
 
 impl<B: Backend> Rotation<B> {
     fn new(positions: &[i64], [b, t]: [usize; 2], k: usize, device: &B::Device) -> Self {
-        assert!(k % 2 == 0, "rotary positions need an even head width, not {k}");
+        assert!(k.is_multiple_of(2), "rotary positions need an even head width, not {k}");
         let half = k / 2;
         let angles: Vec<f32> =
             positions.iter().flat_map(|&p| (0..half).map(move |i| p as f32 / 10_000f32.powf(2.0 * i as f32 / k as f32))).collect();
