@@ -18,7 +18,8 @@ EXAMPLE_DIR := target/examples
 # Deliberately broken plugins the host's tests must survive (tests/faulty-plugin),
 # one build per fault.
 TEST_PLUGIN_DIR := target/test-plugins
-FAULTS := loop-in-step grow-memory trap-in-reset nan-reward reach-outside
+FAULTS := loop-in-step grow-memory trap-in-reset nan-reward reach-outside empty-actions huge-limits metadata-bomb escape-codes \
+  huge-reward fail-every-reset hidden-state
 
 # Plugins in other languages, each built by its own pinned toolchain, which
 # `make` installs under target/toolchains (PyPI, npm). If a toolchain cannot

@@ -57,6 +57,7 @@ impl SandboxSection {
             call_timeout: std::time::Duration::from_millis(self.call_timeout_ms),
             memory_bytes: self.memory_mib << 20,
             max_observation_bytes: self.max_observation_kib << 10,
+            ..SandboxLimits::default()
         })
     }
 }

@@ -92,6 +92,7 @@ struct Live {
     done: bool,
     success: bool,
     failure: Option<String>,
+    failure_kind: Option<String>,
 }
 
 impl RolloutRunner {
@@ -192,9 +193,34 @@ impl RolloutRunner {
             .into_iter()
             .map(|r| match r {
                 Ok(obs) => Live { segments: first(&obs), observation: obs, ..Live::default() },
-                Err(f) => Live { done: true, failure: Some(f.to_string()), ..Live::default() },
+                Err(f) => Live { done: true, failure: Some(f.to_string()), failure_kind: Some(f.kind_name()), ..Live::default() },
             })
-            .collect())
+            .collect::<Vec<Live>>())
+        .map(|live| self.check_groups_agree(live, seeds))
+    }
+
+    /// Members of a group share a seed, so their first states must agree: a
+    /// cheap determinism check on every batch. A member that disagrees with
+    /// its group's first healthy member fails, saying why (state hidden
+    /// across resets, or randomness not drawn from the seed).
+    fn check_groups_agree(&self, mut live: Vec<Live>, seeds: &[u64]) -> Vec<Live> {
+        let gs = self.config.group_size;
+        for start in (0..live.len()).step_by(gs) {
+            let group = start..(start + gs).min(live.len());
+            let Some(first) = group.clone().find(|&i| live[i].failure.is_none()) else { continue };
+            for i in group {
+                if live[i].failure.is_none() && live[i].observation != live[first].observation {
+                    live[i].done = true;
+                    live[i].failure_kind = Some("nondeterministic".into());
+                    live[i].failure = Some(format!(
+                        "env {i}, seed {}: reset gave a different first state than env {first} with the same seed; \
+                         an environment's state must come from its seed alone (state kept across resets?)",
+                        seeds[i]
+                    ));
+                }
+            }
+        }
+        live
     }
 
     /// The policy's replies to the contexts of the `active` envs, one each.
@@ -269,7 +295,10 @@ impl RolloutRunner {
                             live[i].success = s.info.success;
                         }
                     }
-                    Err(f) => live[i].failure = Some(f.to_string()),
+                    Err(f) => {
+                        live[i].failure = Some(f.to_string());
+                        live[i].failure_kind = Some(f.kind_name());
+                    }
                 }
             }
         }
@@ -304,6 +333,7 @@ impl Live {
             valid_action_ratio: ratio(valid, proposed),
             effective_action_ratio: ratio(effective, executed),
             failure: self.failure,
+            failure_kind: self.failure_kind,
             context_window,
         }
     }

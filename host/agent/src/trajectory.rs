@@ -63,6 +63,9 @@ pub struct Trajectory {
     /// Set when the env failed (trap, timeout, invalid output...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// The failure's kind (`trap`, `timeout`, `invalid output`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_kind: Option<String>,
 }
 
 /// A trajectory as one token sequence.

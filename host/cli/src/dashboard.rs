@@ -47,7 +47,15 @@ fn tick(y: f64, span: f64) -> String {
 pub fn write(path: &Path, history: &[StepMetrics]) -> Result<()> {
     let xy = |f: &dyn Fn(&StepMetrics) -> Option<f64>| points(history, f);
     let charts: Vec<(&str, Vec<Series>)> = vec![
-        ("success", vec![("train", BLUE, xy(&|m| Some(m.success))), ("validation", RED, xy(&|m| m.val_success))]),
+        (
+            "success",
+            vec![
+                ("train", BLUE, xy(&|m| Some(m.success))),
+                ("validation", RED, xy(&|m| m.val_success)),
+                // Env faults belong beside success: a drop may be the env's.
+                ("failed episodes (share)", BLACK, xy(&|m| Some(m.failed_episodes as f64 / m.episodes.max(1) as f64))),
+            ],
+        ),
         ("reward (mean)", vec![("reward", BLUE, xy(&|m| Some(m.return_mean)))]),
         (
             "in-group reward std",
@@ -114,8 +122,13 @@ pub fn compare(path: &Path, runs: &[(String, Vec<StepMetrics>)]) -> Result<()> {
     draw(path, charts)
 }
 
+/// Largest magnitude drawn: beyond it a panel's span would overflow to
+/// infinity. Such values (and NaN) are left out of the plot; metrics.jsonl
+/// keeps them.
+const DRAWABLE: f64 = 1e150;
+
 fn points(history: &[StepMetrics], f: &dyn Fn(&StepMetrics) -> Option<f64>) -> Vec<(f64, f64)> {
-    history.iter().filter_map(|m| f(m).map(|y| (m.step as f64, y))).collect()
+    history.iter().filter_map(|m| f(m).filter(|y| y.abs() <= DRAWABLE).map(|y| (m.step as f64, y))).collect()
 }
 
 /// Six line charts on a 2 x 3 grid.
@@ -168,4 +181,60 @@ fn draw(path: &Path, charts: Vec<(&str, Vec<Series>)>) -> Result<()> {
             .map_err(|e| anyhow!("{e}"))?;
     }
     root.present().map_err(|e| anyhow!("{e}")).with_context(|| format!("cannot write `{}`", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn metrics(step: u64, v: f64) -> StepMetrics {
+        let f = v as f32;
+        StepMetrics {
+            step,
+            success: v,
+            return_mean: v,
+            reward_std_before_filter: v,
+            reward_std_after_filter: v,
+            groups_kept: 1,
+            entropy: f,
+            grad_norm: f,
+            policy_loss: f,
+            value_loss: f,
+            clip_fraction: f,
+            approx_kl: f,
+            kl_to_reference: f,
+            truncated_trajectories: 0,
+            world_model_loss: f,
+            optimizer_steps: 1,
+            failed_episodes: 0,
+            episodes: 0,
+            first_failure: None,
+            response_tokens: v,
+            valid_action_ratio: v,
+            effective_action_ratio: v,
+            val_success: Some(v),
+            rollout_seconds: 0.0,
+            update_seconds: 0.0,
+            skipped: None,
+            collapse_alarm: None,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// Whatever the metrics hold (NaN, infinities, 1e308, a step far
+        /// out), drawing the dashboard never panics.
+        #[test]
+        fn any_metrics_draw_without_panicking(values in prop::collection::vec(any::<f64>(), 0..6), far in any::<u32>()) {
+            let mut history: Vec<StepMetrics> = values.iter().enumerate().map(|(i, &v)| metrics(i as u64, v)).collect();
+            history.push(metrics(far as u64, 0.5));
+            let path = std::env::temp_dir().join(format!("ragen-dashboard-prop-{}.png", std::process::id()));
+            font().expect("the dashboard's font: apt-get install fonts-dejavu-core (.ci/run does)");
+            write(&path, &history).unwrap();
+            let runs = vec![("a".to_string(), history.clone()), ("b".to_string(), history)];
+            compare(&path, &runs).unwrap();
+        }
+    }
 }

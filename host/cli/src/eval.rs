@@ -44,8 +44,21 @@ pub struct Report {
     /// native twin in this build: see `shipped`).
     pub optimal_success: Option<f64>,
     pub failures: usize,
+    /// Every episode an env failure cut short.
+    pub failed: Vec<FailedEpisode>,
     #[serde(skip)]
     pub sample: Vec<Trajectory>,
+}
+
+/// One episode an env failure cut short.
+#[derive(Serialize)]
+pub struct FailedEpisode {
+    pub env: usize,
+    pub seed: u64,
+    /// `trap`, `timeout`, `memory-cap`, `contract`, `invalid output`,
+    /// `nondeterministic`, or the env error's kind.
+    pub kind: String,
+    pub message: String,
 }
 
 pub fn eval(opts: Options) -> Result<Report> {
@@ -116,6 +129,13 @@ pub fn eval(opts: Options) -> Result<Report> {
         turns_mean: m.turns_mean,
         optimal_success: bound,
         failures: m.failures,
+        failed: ts
+            .iter()
+            .filter_map(|t| {
+                let message = t.failure.clone()?;
+                Some(FailedEpisode { env: t.env, seed: t.seed, kind: t.failure_kind.clone().unwrap_or_default(), message })
+            })
+            .collect(),
         sample: ts.into_iter().take(2).collect(),
     })
 }
@@ -145,7 +165,10 @@ impl Report {
         s += &format!("  effective    {:.1}% of executed actions\n", 100.0 * self.effective_action_ratio);
         s += &format!("  per episode  {:.2} actions in {:.2} turns\n", self.actions_mean, self.turns_mean);
         if self.failures > 0 {
-            s += &format!("  failures     {} episodes cut short by env failures\n", self.failures);
+            s += &format!("  failures     {} episodes cut short by env failures; the first:\n", self.failures);
+            for f in self.failed.iter().take(3) {
+                s += &format!("    seed {} ({}): {}\n", f.seed, f.kind, f.message);
+            }
         }
         if let Some(t) = self.sample.first() {
             s += &format!("\nA sample episode (seed {}):\n{}", t.seed, t.transcript());

@@ -8,6 +8,7 @@ mod inspect;
 mod play;
 mod shipped;
 mod solver;
+mod term;
 mod train;
 mod validate;
 
@@ -257,7 +258,7 @@ fn print_report<T: serde::Serialize>(report: &T, json: bool, text: impl FnOnce(&
     if json {
         println!("{}", serde_json::to_string_pretty(report).context("cannot write JSON")?);
     } else {
-        print!("{}", text(report));
+        print!("{}", term::escape(&text(report)));
     }
     Ok(())
 }
@@ -275,14 +276,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let opts = validate::Options { settings: settings.parse()?, seeds: seeds.max(2), limits };
             let report = validate::validate(&file, &opts);
-            print!("{}", report.to_text());
+            print!("{}", term::escape(&report.to_text()));
             if !report.passed() {
                 return Ok(ExitCode::FAILURE);
             }
         }
         Command::Play { file, seed, settings } => {
             let stdin = std::io::stdin();
-            play::play(&file, seed, &settings.parse()?, &mut stdin.lock(), &mut std::io::stdout())?;
+            let mut out = term::Escaping(std::io::stdout());
+            play::play(&file, seed, &settings.parse()?, &mut stdin.lock(), &mut out)?;
         }
         Command::Bench { file, policy: true, config, batch, seconds, json, backend, .. } => {
             if batch == 0 || !seconds.is_finite() || seconds <= 0.0 {
@@ -297,7 +299,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 bail!("--envs and --seconds must be positive (and --seconds finite)");
             }
             let opts = bench::Options { envs, threads: default_threads(threads), seconds, envs_per_instance, settings: settings.parse()? };
-            print_report(&bench::bench(&file, &opts)?, json, bench::Report::to_text)?;
+            let report = bench::bench(&file, &opts)?;
+            print_report(&report, json, bench::Report::to_text)?;
+            if report.failures > 0 {
+                eprintln!(
+                    "error: {} env calls failed during the bench, so its rates are not the plugin's; \
+                     `ragen-host validate {}` says why",
+                    report.failures,
+                    file.display()
+                );
+                return Ok(ExitCode::FAILURE);
+            }
         }
         Command::Compare { runs, out } => {
             dashboard::compare_runs(&runs, &out)?;
@@ -327,7 +339,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", term::escape(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -111,6 +111,12 @@ impl Progress {
         Ok(Self { bar, steps: config.steps, dashboard: out.join("dashboard.png"), dashboard_warned: false, seen })
     }
 
+    /// A line above the bar. `println` would drop it when stderr is not a
+    /// terminal (a log file, CI), where the bar is hidden.
+    fn warn(&self, line: String) {
+        self.bar.suspend(|| eprintln!("{line}"));
+    }
+
     fn on_step(&mut self, m: &StepMetrics) {
         self.seen.retain(|old| old.step < m.step);
         self.seen.push(m.clone());
@@ -119,23 +125,33 @@ impl Progress {
             && let Err(e) = crate::dashboard::write(&self.dashboard, &self.seen)
             && !self.dashboard_warned
         {
-            self.bar.println(format!("warning: no dashboard: {e:#}"));
+            self.warn(format!("warning: no dashboard: {e:#}"));
             self.dashboard_warned = true;
         }
         self.bar.set_position(m.step + 1);
         let val = m.val_success.map(|v| format!(" val {:.1}%", 100.0 * v)).unwrap_or_default();
+        let failed = if m.failed_episodes > 0 { format!(" failed {}", m.failed_episodes) } else { String::new() };
         self.bar.set_message(format!(
-            "success {:.1}% reward {:.2} std {:.2} entropy {:.2}{val}",
+            "success {:.1}% reward {:.2} std {:.2} entropy {:.2}{val}{failed}",
             100.0 * m.success,
             m.return_mean,
             m.reward_std_before_filter,
             m.entropy
         ));
         if let Some(alarm) = &m.collapse_alarm {
-            self.bar.println(format!("warning at step {}: {alarm}", m.step));
+            self.warn(format!("warning at step {}: {alarm}", m.step));
+        }
+        if let Some(first) = &m.first_failure {
+            self.warn(format!(
+                "warning at step {}: {} of {} episodes failed; the first: {}",
+                m.step,
+                m.failed_episodes,
+                m.episodes,
+                crate::term::escape(first)
+            ));
         }
         if let Some(skipped) = &m.skipped {
-            self.bar.println(format!("warning at step {}: update skipped: {skipped}", m.step));
+            self.warn(format!("warning at step {}: update skipped: {}", m.step, crate::term::escape(skipped)));
         }
     }
 }

@@ -58,6 +58,7 @@ fn fix_for(fault: &Fault) -> &'static str {
         FaultKind::Timeout => "fix: a call must return promptly; look for an endless loop (or raise --call-timeout-ms if it is only slow)",
         FaultKind::MemoryCap => "fix: memory grows without bound; look for a leak or unbounded buffer (or raise --memory-mib)",
         FaultKind::Trap => "fix: the plugin panicked or hit `unreachable`; return an env-error result instead of trapping",
+        FaultKind::Contract => "fix: keep the plugin's self-description within the host's limits (see `ReportLimits`)",
     }
 }
 
@@ -200,6 +201,15 @@ impl Validator<'_> {
                 problems.push(format!("legend entry `{}` = `{}` has an empty part", l.symbol, l.meaning));
             }
         }
+        // Text a person's terminal will show: no control characters.
+        let texts = [("the name", &info.name), ("the description", &info.description), ("the instructions", &spec.instructions)];
+        let listed = spec.actions.iter().map(|a| ("an action name", a)).chain(spec.legend.iter().map(|l| ("a legend symbol", &l.symbol)));
+        for (what, text) in texts.into_iter().chain(listed) {
+            if text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+                problems
+                    .push(format!("{what} (`{}`) contains control characters, which a terminal would act on", crate::term::escape(text)));
+            }
+        }
         let lim = &spec.limits;
         if lim.max_actions_per_episode == 0 || lim.max_actions_per_turn == 0 || lim.max_turns == 0 || lim.max_steps == 0 {
             problems.push("every limit must be at least 1".into());
@@ -234,7 +244,34 @@ impl Validator<'_> {
             }
             steps += run_a.len();
         }
-        Ok(format!("{} seeds replayed identically in two instances ({steps} steps)", self.opts.seeds))
+        self.no_hidden_state()?;
+        Ok(format!("{} seeds replayed identically in two instances ({steps} steps); no state kept across resets", self.opts.seeds))
+    }
+
+    /// Two fresh instances see the same calls in the same order, so state
+    /// kept across resets (a counter, a cache) passes the replay above. Here
+    /// one instance resets seed 0, then other seeds, then seed 0 again, and
+    /// a second env of the same instance resets seed 0 too: all three first
+    /// states must agree.
+    fn no_hidden_state(&self) -> Result<(), String> {
+        let (mut inst, env) = self.env()?;
+        let reset = |inst: &mut PluginInstance, env, seed| -> Result<String, String> {
+            inst.reset(env, seed).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset(seed {seed}) failed: {}", e.message))
+        };
+        let first = reset(&mut inst, env, 0)?;
+        for other in 1..4 {
+            reset(&mut inst, env, other)?;
+        }
+        let again = reset(&mut inst, env, 0)?;
+        let twin =
+            inst.create(&self.opts.settings).map_err(|f| faulted("create", &f))?.map_err(|e| format!("create failed: {}", e.message))?;
+        let beside = reset(&mut inst, twin, 0)?;
+        if again != first || beside != first {
+            return Err("seed 0 started in another state when reset again after other seeds, or in a second env of the same instance \
+                 (fix: keep no state across resets or between envs; derive everything from the seed)"
+                .into());
+        }
+        Ok(())
     }
 
     /// Different seeds must give different episodes. Not necessarily

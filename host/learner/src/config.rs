@@ -139,6 +139,10 @@ pub struct TrainConfig {
     pub save_freq: u64,
     /// Validation episodes, one per seed from 123.
     pub val_episodes: usize,
+    /// The run stops (with a checkpoint) when more than this share of a
+    /// step's episodes fail in the env: a faulting plugin, not a policy
+    /// problem. 1.0 never stops.
+    pub max_failed_share: f64,
     #[serde(flatten)]
     pub agent: AgentConfig,
     /// `[model]`: the policy transformer's shape (see [`model_keys`] for
@@ -158,6 +162,7 @@ impl Default for TrainConfig {
             test_freq: 10,
             save_freq: 10,
             val_episodes: 256,
+            max_failed_share: 0.5,
             agent: AgentConfig::default(),
             model: PolicyModelConfig::new(0),
             sampling: SamplingSection::default(),
@@ -220,6 +225,9 @@ impl TrainConfig {
         u.mini_batch_size = p.ppo_mini_batch_size.unwrap_or(u.mini_batch_size);
         if u.epochs == 0 {
             anyhow::bail!("ppo.ppo_epochs 0: use at least 1 pass over each batch");
+        }
+        if !(0.0..=1.0).contains(&self.max_failed_share) {
+            anyhow::bail!("max_failed_share {}: use a share in [0, 1] (0.5 by default; 1 never stops)", self.max_failed_share);
         }
         let kl_coef = p.kl_coef.unwrap_or(kl);
         let rollout_filter_ratio = p.rollout_filter_ratio.unwrap_or(filter);

@@ -36,6 +36,16 @@ pub struct StepMetrics {
     /// AdamW steps this step took (`ppo_epochs` x mini-batches).
     #[serde(default)]
     pub optimizer_steps: usize,
+    /// Episodes of this step's rollouts that an env failure cut short
+    /// (trap, timeout, invalid output, a failed reset...).
+    #[serde(default)]
+    pub failed_episodes: usize,
+    /// Episodes this step played (failed ones included).
+    #[serde(default)]
+    pub episodes: usize,
+    /// The first of those failures, as the pool reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<String>,
     pub response_tokens: f64,
     pub valid_action_ratio: f64,
     pub effective_action_ratio: f64,
@@ -106,6 +116,9 @@ mod tests {
             truncated_trajectories: 0,
             world_model_loss: 0.0,
             optimizer_steps: 1,
+            failed_episodes: 0,
+            episodes: 8,
+            first_failure: None,
             response_tokens: 10.0,
             valid_action_ratio: 1.0,
             effective_action_ratio: 1.0,

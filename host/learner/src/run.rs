@@ -101,12 +101,28 @@ pub fn train<B: AutodiffBackend>(
         skipped_in_a_row = if m.skipped.is_some() { skipped_in_a_row + 1 } else { 0 };
         on_step(&m);
         let skipped = m.skipped.clone();
+        let failing = (m.failed_episodes as f64 > config.max_failed_share * m.episodes as f64).then(|| {
+            format!(
+                "{} of {} episodes failed at step {step}, over max_failed_share = {}; the first: {}",
+                m.failed_episodes,
+                m.episodes,
+                config.max_failed_share,
+                m.first_failure.clone().unwrap_or_default()
+            )
+        });
         run.history.push(m);
 
         let stopping = stop.load(Ordering::SeqCst);
         let last = step + 1 == config.steps;
-        if (step + 1) % config.save_freq.max(1) == 0 || last || stopping || skipped_in_a_row >= 3 {
+        if (step + 1) % config.save_freq.max(1) == 0 || last || stopping || skipped_in_a_row >= 3 || failing.is_some() {
             save_checkpoint(&run.learner, &run.dir, step + 1)?;
+        }
+        if let Some(why) = failing {
+            bail!(
+                "{why}\nthe environment is failing, not the policy: check it with `ragen-host validate`; \
+                 the run stopped with a checkpoint in `{}` (raise max_failed_share to train through failures)",
+                run.dir.checkpoint().display()
+            );
         }
         if stopping {
             break;
@@ -246,6 +262,9 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
             truncated_trajectories: stats.truncated,
             optimizer_steps: stats.optimizer_steps,
             world_model_loss: stats.world_model_loss,
+            failed_episodes: before.failures,
+            episodes: ts.len(),
+            first_failure: ts.iter().find_map(|t| t.failure.clone()),
             response_tokens: before.response_tokens_mean,
             valid_action_ratio: before.valid_action_ratio,
             effective_action_ratio: before.effective_action_ratio,

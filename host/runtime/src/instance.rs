@@ -51,16 +51,24 @@ impl PluginInstance {
         self.broken.is_some()
     }
 
+    /// The plugin's self-description, refused (a [`FaultKind::Contract`]
+    /// fault) when it is outside [`SandboxLimits::report`].
     pub fn info(&mut self) -> Result<PluginInfo, Fault> {
-        self.call("info", |b, s| b.ragen_env_environment().call_info(s))
+        let info = self.call("info", |b, s| b.ragen_env_environment().call_info(s))?;
+        self.limits.report.check_info(&info).map_err(|m| contract_fault("info", m))?;
+        Ok(info)
     }
 
     pub fn create(&mut self, config: &[(String, String)]) -> Result<Result<EnvHandle, EnvError>, Fault> {
         self.call("create", |b, s| b.ragen_env_environment().env().call_create(s, config)).map(|r| r.map(EnvHandle))
     }
 
+    /// The env's spec, refused (a [`FaultKind::Contract`] fault) when it is
+    /// outside [`SandboxLimits::report`].
     pub fn spec(&mut self, env: EnvHandle) -> Result<EnvSpec, Fault> {
-        self.call("spec", |b, s| b.ragen_env_environment().env().call_spec(s, env.0))
+        let spec = self.call("spec", |b, s| b.ragen_env_environment().env().call_spec(s, env.0))?;
+        self.limits.report.check_spec(&spec).map_err(|m| contract_fault("spec", m))?;
+        Ok(spec)
     }
 
     pub fn reset(&mut self, env: EnvHandle, seed: u64) -> Result<Result<String, EnvError>, Fault> {
@@ -86,6 +94,10 @@ impl PluginInstance {
     }
 }
 
+fn contract_fault(call: &str, problem: String) -> Fault {
+    Fault { kind: FaultKind::Contract, message: format!("{call}: {problem}") }
+}
+
 impl FaultKind {
     /// A short name for reports.
     pub fn as_str(self) -> &'static str {
@@ -93,6 +105,7 @@ impl FaultKind {
             FaultKind::Timeout => "timeout",
             FaultKind::MemoryCap => "memory-cap",
             FaultKind::Trap => "trap",
+            FaultKind::Contract => "contract",
         }
     }
 }

@@ -18,6 +18,7 @@ mod contract;
 mod instance;
 mod plugin;
 mod pool;
+mod reported;
 mod sandbox;
 mod shard;
 mod wasi;
@@ -28,6 +29,7 @@ pub use contract::{CONTRACT_PACKAGE, CONTRACT_VERSION, ContractVersion};
 pub use instance::{EnvHandle, PluginInstance};
 pub use plugin::Plugin;
 pub use pool::{EnvFailure, EnvPool, FailureKind, PoolConfig, PoolStats, PoolStep, next_seed};
+pub use reported::ReportLimits;
 pub use sandbox::{Fault, FaultKind, SandboxLimits};
 
 /// wasmtime 48 has its own error type; this lifts it into `anyhow` so that

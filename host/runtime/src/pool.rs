@@ -116,12 +116,19 @@ impl fmt::Display for EnvFailure {
         if let Some(seed) = self.seed {
             write!(f, ", seed {seed}")?;
         }
-        let kind = match self.kind {
+        write!(f, ": {}: {}", self.kind_name(), self.message)
+    }
+}
+
+impl EnvFailure {
+    /// The kind as one word or two for reports: `trap`, `timeout`,
+    /// `memory-cap`, `contract`, `invalid output`, or the env error's kind.
+    pub fn kind_name(&self) -> String {
+        match self.kind {
             FailureKind::Fault(k) => k.as_str().to_string(),
             FailureKind::InvalidOutput => "invalid output".into(),
             FailureKind::Env(k) => format!("{k:?}"),
-        };
-        write!(f, ": {kind}: {}", self.message)
+        }
     }
 }
 

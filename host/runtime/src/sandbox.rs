@@ -2,6 +2,7 @@
 //! memory cap per instance (a `ResourceLimiter`) and a cap on observation
 //! size, and how a failed call is classified so the caller can say why.
 
+use crate::reported::ReportLimits;
 use crate::wasi::GuestWasi;
 use std::fmt;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use wasmtime_wasi::{WasiCtxView, WasiView};
 
 /// Limits applied to every instance of a plugin. The defaults are generous
 /// for text environments and still stop a runaway plugin quickly.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SandboxLimits {
     /// Wall-clock budget for one call into the plugin (rounded up to the
     /// epoch tick of 10 ms).
@@ -19,11 +20,18 @@ pub struct SandboxLimits {
     pub memory_bytes: usize,
     /// Largest observation accepted, in bytes; a longer one fails the episode.
     pub max_observation_bytes: usize,
+    /// What the plugin may report about itself and its steps.
+    pub report: ReportLimits,
 }
 
 impl Default for SandboxLimits {
     fn default() -> Self {
-        Self { call_timeout: Duration::from_secs(2), memory_bytes: 256 << 20, max_observation_bytes: 64 << 10 }
+        Self {
+            call_timeout: Duration::from_secs(2),
+            memory_bytes: 256 << 20,
+            max_observation_bytes: 64 << 10,
+            report: ReportLimits::default(),
+        }
     }
 }
 
@@ -116,6 +124,10 @@ pub enum FaultKind {
     MemoryCap,
     /// The guest trapped (a panic, `unreachable`, a bad memory access...).
     Trap,
+    /// The call returned, but its answer breaks the contract or the
+    /// [`ReportLimits`] (an empty action list, a limit of 0, a 50 MB
+    /// description). The instance itself is still usable.
+    Contract,
 }
 
 /// A call that trapped, timed out or hit the memory cap.

@@ -114,6 +114,10 @@ impl Shard {
         if !r.reward.is_finite() {
             return Err(format!("reward is {}; rewards must be finite numbers", r.reward));
         }
+        let max = self.plugin.limits().report.max_abs_reward;
+        if r.reward.abs() > max {
+            return Err(format!("reward is {:e}, beyond the limit of ±{max:e}; scale rewards to a sensible range", r.reward));
+        }
         if let Some((i, v)) = r.info.metrics.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(format!("metric #{i} is {v}; metrics must be finite numbers"));
         }

@@ -4,6 +4,10 @@
 
 use ragen_env_sdk::*;
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Resets this instance has seen (`hidden-state` leaks it into the state).
+static RESETS: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug)]
 pub struct Faulty {
@@ -21,7 +25,11 @@ impl Environment for Faulty {
         PluginInfo {
             name: "faulty".into(),
             version: "0.1.0".into(),
-            description: "A counter that misbehaves on purpose (tests only).".into(),
+            description: if cfg!(feature = "escape-codes") {
+                "A counter\x1b[2J\x1b]0;pwned\x07 that misbehaves on purpose (tests only).".into()
+            } else {
+                "A counter that misbehaves on purpose (tests only).".into()
+            },
             multi_turn: true,
             config_keys: vec![ConfigKey::new("start", 0, "initial count")],
         }
@@ -32,20 +40,42 @@ impl Environment for Faulty {
     }
 
     fn spec(&self) -> EnvSpec {
-        EnvSpec {
+        let mut spec = EnvSpec {
             instructions: "Count up.".into(),
             legend: vec![],
             actions: vec!["Inc".into(), "Stay".into()],
             limits: Limits { max_actions_per_episode: 5, max_actions_per_turn: 5, max_turns: 1, max_steps: 5 },
             metrics: vec![],
+        };
+        if cfg!(feature = "empty-actions") {
+            spec.actions.clear();
         }
+        if cfg!(feature = "huge-limits") {
+            spec.limits =
+                Limits { max_actions_per_episode: u32::MAX, max_actions_per_turn: u32::MAX, max_turns: u32::MAX, max_steps: u32::MAX };
+        }
+        if cfg!(feature = "metadata-bomb") {
+            spec.actions = (0..200_000).map(|i| format!("A{i}")).collect();
+            spec.instructions = "Count up. ".repeat(500_000);
+        }
+        if cfg!(feature = "escape-codes") {
+            spec.actions[1] = "Stay\x1b[31m".into();
+        }
+        spec
     }
 
     fn reset(&mut self, seed: u64) -> Result<String, EnvError> {
         if cfg!(feature = "trap-in-reset") && strikes(seed) {
             panic!("deliberate trap in reset (seed {seed})");
         }
+        if cfg!(feature = "fail-every-reset") {
+            return Err(EnvError::failed(format!("deliberate failure of every reset (seed {seed})")));
+        }
+        let earlier = RESETS.fetch_add(1, Ordering::Relaxed);
         (self.seed, self.count, self.steps) = (seed, seed % 10, 0);
+        if cfg!(feature = "hidden-state") {
+            self.count += earlier;
+        }
         if cfg!(feature = "reach-outside") && strikes(seed) {
             return Ok(reach_outside());
         }
@@ -73,7 +103,11 @@ impl Environment for Faulty {
         }
         self.count += (action == 0) as u64;
         self.steps += 1;
-        let reward = if cfg!(feature = "nan-reward") && strikes(self.seed) { f64::NAN } else { 1.0 };
+        let reward = match () {
+            _ if cfg!(feature = "nan-reward") && strikes(self.seed) => f64::NAN,
+            _ if cfg!(feature = "huge-reward") && strikes(self.seed) => 1e308,
+            _ => 1.0,
+        };
         StepOutcome {
             observation: self.render(),
             reward,
@@ -83,6 +117,9 @@ impl Environment for Faulty {
     }
 
     fn render(&self) -> String {
+        if cfg!(feature = "escape-codes") {
+            return format!("count: {}\x1b]0;pwned\x07\x1b[2J (seed {})", self.count, self.seed);
+        }
         format!("count: {} (seed {})", self.count, self.seed)
     }
 }

@@ -1,0 +1,180 @@
+//! Hostile plugins (tests/faulty-plugin, one misbehaviour per build) through
+//! every command they affect: no panic or abort (exit code 1, never 101),
+//! bounded time, a message naming the problem, and nothing raw on the
+//! terminal.
+
+mod common;
+
+use common::{faulty, ragen_host, scratch, text};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+/// `ragen-host ARGS`, which must finish within `limit` without panicking.
+fn run(args: &[&str], limit: Duration) -> (Output, String) {
+    let started = Instant::now();
+    let out = ragen_host(args);
+    let all = text(&out);
+    assert!(started.elapsed() < limit, "`{}` took {:?}:\n{all}", args.join(" "), started.elapsed());
+    // (A plugin's own panic is quoted in messages; the host's is on `main`.)
+    assert!(!all.contains("thread 'main' panicked"), "`{}` panicked:\n{all}", args.join(" "));
+    assert_ne!(out.status.code(), Some(101), "`{}` panicked:\n{all}", args.join(" "));
+    (out, all)
+}
+
+/// The command fails (exit 1) and says `expect`.
+fn refused(args: &[&str], expect: &str) {
+    let (out, all) = run(args, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(1), "`{}` should fail:\n{all}", args.join(" "));
+    assert!(all.contains(expect), "`{}`: expected `{expect}` in:\n{all}", args.join(" "));
+}
+
+#[test]
+fn extreme_self_descriptions_are_refused_by_every_command() {
+    let cases = [
+        ("empty-actions", "the action list is empty"),
+        ("huge-limits", "limits.max-turns is 4294967295; it must be between 1 and 1000"),
+        ("metadata-bomb", "over the limit of 16384 bytes"),
+    ];
+    for (fault, expect) in cases {
+        let file = faulty(fault);
+        let file = file.to_str().unwrap();
+        refused(&["inspect", file], expect);
+        refused(&["validate", file], expect);
+        refused(&["bench", file, "--envs", "8", "--seconds", "0.2"], expect);
+        refused(&["eval", "--env", file, "--policy", "random", "--episodes", "8"], expect);
+        refused(&["play", file], expect);
+    }
+}
+
+/// No ESC (or other control byte but newline and tab) reaches the terminal.
+fn no_raw_controls(what: &str, all: &str) {
+    let bad: Vec<char> = all.chars().filter(|&c| c.is_control() && c != '\n' && c != '\t').collect();
+    assert!(bad.is_empty(), "{what}: control characters {bad:?} reached the terminal:\n{all}");
+}
+
+#[test]
+fn control_sequences_from_a_plugin_never_reach_the_terminal() {
+    let file = faulty("escape-codes");
+    let file = file.to_str().unwrap();
+    for args in [
+        vec!["inspect", file],
+        vec!["validate", file],
+        vec!["eval", "--env", file, "--policy", "random", "--episodes", "4"],
+        vec!["bench", file, "--envs", "8", "--seconds", "0.2"],
+    ] {
+        let (_, all) = run(&args, Duration::from_secs(60));
+        no_raw_controls(args[0], &all);
+        // bench shows no plugin text but its name; the others show the escapes.
+        assert!(args[0] == "bench" || all.contains("\\u{1b}"), "{}: the escape is shown, not dropped:\n{all}", args[0]);
+    }
+    let (ok, shown) = common::play(&[file], "inc\nstay\x1b[31m\nquit\n");
+    assert!(ok, "{shown}");
+    no_raw_controls("play", &shown);
+    // JSON stays JSON: serde's own escapes.
+    let (out, _) = run(&["inspect", file, "--json"], Duration::from_secs(60));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v.to_string().contains("\\u001b"), "{v}");
+}
+
+#[test]
+fn absurd_rewards_fail_their_episode_and_summaries_stay_finite() {
+    let file = faulty("huge-reward");
+    let (out, all) =
+        run(&["eval", "--env", file.to_str().unwrap(), "--policy", "random", "--episodes", "16", "--json"], Duration::from_secs(60));
+    assert!(out.status.success(), "{all}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["return_mean"].is_f64(), "the return is a number, not null: {v}");
+    // Seeds 3 mod 4 strike: 4 of 16 from seed 123 (123, 127, 131, 135).
+    assert_eq!(v["failures"], 4, "{v}");
+    let failed = v["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 4);
+    for f in failed {
+        assert_eq!(f["kind"], "invalid output", "{f}");
+        assert!(f["message"].as_str().unwrap().contains("beyond the limit"), "{f}");
+        assert_eq!(f["seed"].as_u64().unwrap() % 4, 3, "{f}");
+    }
+}
+
+const TINY: &str = r#"
+seed = 0
+steps = 3
+val_episodes = 4
+[rollout]
+env_groups = 2
+group_size = 4
+enable_think = false
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+max_seq_len = 128
+"#;
+
+/// `train` on `fault` with `top` (top-level keys) and [`TINY`]; the output
+/// and the run directory.
+fn train(fault: &str, top: &str) -> (Output, String, std::path::PathBuf) {
+    let dir = scratch(&format!("hostile-train-{fault}"));
+    let _ = std::fs::remove_dir_all(dir.join("run"));
+    std::fs::write(dir.join("tiny.toml"), format!("{top}\n{TINY}")).unwrap();
+    let file = faulty(fault);
+    let (out, all) = run(
+        &[
+            "train",
+            "--env",
+            file.to_str().unwrap(),
+            "--config",
+            dir.join("tiny.toml").to_str().unwrap(),
+            "--out",
+            dir.join("run").to_str().unwrap(),
+        ],
+        Duration::from_secs(120),
+    );
+    (out, all, dir.join("run"))
+}
+
+#[test]
+fn train_stops_when_most_episodes_fail_and_says_why() {
+    let (out, all, run_dir) = train("fail-every-reset", "");
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("8 of 8 episodes failed at step 0"), "{all}");
+    assert!(all.contains("deliberate failure of every reset"), "the first failure is quoted:\n{all}");
+    assert!(all.contains("ragen-host validate"), "{all}");
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let m: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    assert_eq!((m["failed_episodes"].as_u64(), m["episodes"].as_u64()), (Some(8), Some(8)), "{m}");
+    assert!(run_dir.join("checkpoint/state.json").exists(), "the run stopped with a checkpoint");
+}
+
+#[test]
+fn some_failing_episodes_are_counted_and_shown_but_do_not_stop_training() {
+    // trap-in-reset: seeds 3 mod 4 trap, and a group's members share a
+    // seed, so groups fail whole. The run's seed is fixed: which groups
+    // strike is too.
+    let (out, all, run_dir) = train("trap-in-reset", "max_failed_share = 1.0");
+    assert!(out.status.success(), "{all}");
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let failed: Vec<u64> =
+        metrics.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["failed_episodes"].as_u64().unwrap()).collect();
+    assert_eq!(failed.len(), 3, "{metrics}");
+    assert!(failed.iter().all(|f| f % 4 == 0), "whole groups of 4 fail: {failed:?}");
+    assert!(failed.iter().sum::<u64>() > 0, "seed 0 strikes at least one group in 3 steps: {failed:?}");
+    assert!(all.contains("episodes failed; the first:") && all.contains("deliberate trap in reset"), "{all}");
+}
+
+#[test]
+fn state_hidden_across_resets_is_caught_in_training() {
+    // Members of a group share a seed; those whose first state differs from
+    // their group's first member fail, and with a low threshold the run stops.
+    let (out, all, _) = train("hidden-state", "max_failed_share = 0.25");
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("reset gave a different first state than env"), "{all}");
+    assert!(all.contains("over max_failed_share = 0.25"), "{all}");
+}
+
+#[test]
+fn validate_catches_hidden_state_and_control_characters() {
+    let file = faulty("hidden-state");
+    refused(&["validate", file.to_str().unwrap()], "seed 0 started in another state when reset again");
+    let file = faulty("escape-codes");
+    refused(&["validate", file.to_str().unwrap()], "contains control characters, which a terminal would act on");
+}
