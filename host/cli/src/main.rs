@@ -93,6 +93,11 @@ enum Command {
         /// Memory cap per plugin instance.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         memory_mib: usize,
+        /// Wall-clock budget of the whole run: a verdict comes within it
+        /// (plus one call's timeout) on any plugin; checks it leaves no time
+        /// for fail, saying so.
+        #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+        budget: f64,
         #[command(flatten)]
         settings: Settings,
     },
@@ -268,14 +273,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Inspect { file, json, settings } => {
             print_report(&inspect::inspect(&file, &settings.parse()?)?, json, inspect::Report::to_text)?;
         }
-        Command::Validate { file, seeds, call_timeout_ms, memory_mib, settings } => {
+        Command::Validate { file, seeds, call_timeout_ms, memory_mib, budget, settings } => {
             let limits = SandboxLimits {
                 call_timeout: Duration::from_millis(call_timeout_ms),
                 memory_bytes: memory_mib << 20,
                 ..SandboxLimits::default()
             };
-            let opts = validate::Options { settings: settings.parse()?, seeds: seeds.max(2), limits };
-            let report = validate::validate(&file, &opts);
+            if !budget.is_finite() || budget <= 0.0 {
+                bail!("--budget {budget}: use a positive number of seconds");
+            }
+            let opts =
+                validate::Options { settings: settings.parse()?, seeds: seeds.max(2), limits, budget: Duration::from_secs_f64(budget) };
+            let spinner = indicatif::ProgressBar::new_spinner();
+            spinner.enable_steady_tick(Duration::from_millis(120));
+            let started = std::time::Instant::now();
+            let report = validate::validate(&file, &opts, &mut |check| {
+                spinner.set_message(format!("validate: {check} ({:.0} s of {budget:.0} s)", started.elapsed().as_secs_f64()))
+            });
+            spinner.finish_and_clear();
             print!("{}", term::escape(&report.to_text()));
             if !report.passed() {
                 return Ok(ExitCode::FAILURE);

@@ -17,6 +17,10 @@ pub struct Options {
     pub settings: Vec<(String, String)>,
     pub seeds: u64,
     pub limits: SandboxLimits,
+    /// Wall-clock budget of the whole run. Checks stop calling the plugin
+    /// once it is spent (a call already under way ends within its own
+    /// `call_timeout`), and those not run fail saying so.
+    pub budget: Duration,
 }
 
 pub struct Check {
@@ -57,6 +61,7 @@ fn fix_for(fault: &Fault) -> &'static str {
     match fault.kind {
         FaultKind::Timeout => "fix: a call must return promptly; look for an endless loop (or raise --call-timeout-ms if it is only slow)",
         FaultKind::MemoryCap => "fix: memory grows without bound; look for a leak or unbounded buffer (or raise --memory-mib)",
+        FaultKind::Trap if fault.message.contains("overflowed its stack") => "fix: bound the recursion, or turn it into a loop",
         FaultKind::Trap => "fix: the plugin panicked or hit `unreachable`; return an env-error result instead of trapping",
         FaultKind::Contract => "fix: keep the plugin's self-description within the host's limits (see `ReportLimits`)",
     }
@@ -89,12 +94,26 @@ impl From<&StepResult> for Record {
 struct Validator<'a> {
     plugin: &'a Plugin,
     opts: &'a Options,
+    /// When [`Options::budget`] runs out.
+    deadline: Instant,
     num_actions: u32,
     num_metrics: usize,
     max_steps: u32,
 }
 
 impl Validator<'_> {
+    /// `Err` once the run's budget is spent: every loop that calls the
+    /// plugin asks before each call.
+    fn in_budget(&self) -> Result<(), String> {
+        if Instant::now() < self.deadline {
+            return Ok(());
+        }
+        Err(format!(
+            "the validate budget of {} s ran out: the plugin is slow (time its reset and step), or give it longer with --budget SECONDS",
+            self.opts.budget.as_secs_f64()
+        ))
+    }
+
     fn fresh(&self) -> Result<PluginInstance, String> {
         self.plugin.instantiate().map_err(|e| format!("cannot instantiate: {e:#}"))
     }
@@ -127,6 +146,7 @@ impl Validator<'_> {
         seed: u64,
         action_seed: u64,
     ) -> Result<(String, Vec<Record>, Vec<f64>), String> {
+        self.in_budget()?;
         let first = inst
             .reset(env, seed)
             .map_err(|f| faulted(&format!("reset(seed {seed})"), &f))?
@@ -134,6 +154,7 @@ impl Validator<'_> {
         let mut actions = SeedRng::new(action_seed);
         let (mut records, mut numbers) = (Vec::new(), Vec::new());
         for t in 0..self.max_steps.min(200) {
+            self.in_budget()?;
             let a = actions.below(self.num_actions as usize) as u32;
             let r = inst
                 .step(env, a)
@@ -306,6 +327,12 @@ impl Validator<'_> {
             if let Some(x) = numbers.iter().find(|x| !x.is_finite()) {
                 return Err(format!("seed {seed}: a reward or metric is {x} (fix: rewards and metrics must be finite numbers)"));
             }
+            let max = self.plugin.limits().report.max_abs_reward;
+            if let Some(x) = numbers.iter().find(|x| x.abs() > max) {
+                return Err(format!(
+                    "seed {seed}: a reward or metric is {x:e}, an absurd magnitude (over ±{max:e}; sums of such overflow): scale it down"
+                ));
+            }
             if let Some(big) = std::iter::once(&first).chain(records.iter().map(|r| &r.observation)).find(|o| o.len() > cap) {
                 return Err(format!("seed {seed}: an observation of {} bytes exceeds the cap of {cap} bytes", big.len()));
             }
@@ -360,6 +387,7 @@ impl Validator<'_> {
         for seed in 0..self.opts.seeds {
             inst.reset(env, seed).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset failed: {}", e.message))?;
             for t in 0..self.max_steps.saturating_add(1) {
+                self.in_budget()?;
                 let r = inst.step(env, t % self.num_actions).map_err(|f| faulted("step", &f))?;
                 match r {
                     Ok(r) if r.done => {
@@ -381,12 +409,15 @@ impl Validator<'_> {
         Err(format!("no episode ended within max_steps ({}) steps (fix: end episodes at max_steps)", self.max_steps))
     }
 
+    /// Resets/s, then steps/s with the resets between episodes timed too:
+    /// each half stops at 500 ms of wall clock (or the run's budget).
     fn speed(&self) -> Result<String, String> {
         let (mut inst, env) = self.env()?;
         let budget = Duration::from_millis(500);
         let started = Instant::now();
         let mut resets = 0u64;
-        while started.elapsed() < budget {
+        while started.elapsed() < budget || resets == 0 {
+            self.in_budget()?;
             inst.reset(env, resets).map_err(|f| faulted("timing resets", &f))?.map_err(|e| format!("reset failed: {}", e.message))?;
             resets += 1;
         }
@@ -395,7 +426,9 @@ impl Validator<'_> {
         let (mut steps, mut seed) = (0u64, 0u64);
         let mut step_time = Duration::ZERO;
         inst.reset(env, seed).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset failed: {}", e.message))?;
-        while step_time < budget {
+        let started = Instant::now();
+        while started.elapsed() < budget || steps == 0 {
+            self.in_budget()?;
             let t = Instant::now();
             let r = inst.step(env, rng.below(self.num_actions as usize) as u32).map_err(|f| faulted("timing steps", &f))?;
             step_time += t.elapsed();
@@ -414,8 +447,9 @@ impl Validator<'_> {
     }
 }
 
-/// Run every check on `file`.
-pub fn validate(file: &Path, opts: &Options) -> Report {
+/// Run every check on `file`, telling `progress` which one is starting.
+pub fn validate(file: &Path, opts: &Options, progress: &mut dyn FnMut(&str)) -> Report {
+    let deadline = Instant::now() + opts.budget;
     let name = file.display().to_string();
     let mut checks = Vec::new();
     let plugin = match Plugin::from_file_with(file, opts.limits.clone()) {
@@ -429,7 +463,8 @@ pub fn validate(file: &Path, opts: &Options) -> Report {
         name: "load",
         result: Ok(format!("component, ragen:env@{}, {} bytes", plugin.contract_version(), plugin.size_bytes())),
     });
-    let mut v = Validator { plugin: &plugin, opts, num_actions: 0, num_metrics: 0, max_steps: 0 };
+    let mut v = Validator { plugin: &plugin, opts, deadline, num_actions: 0, num_metrics: 0, max_steps: 0 };
+    progress("metadata");
     let meta = v.fresh().and_then(|mut inst| {
         let r = v.metadata(&mut inst)?;
         let env = inst.create(&opts.settings).map_err(|f| faulted("create", &f))?.map_err(|e| e.message)?;
@@ -446,12 +481,23 @@ pub fn validate(file: &Path, opts: &Options) -> Report {
             return Report { file: name, checks };
         }
     }
-    checks.push(Check { name: "determinism", result: v.determinism() });
-    checks.push(Check { name: "seeds differ", result: v.seeds_differ() });
-    checks.push(Check { name: "finite", result: v.finite() });
-    checks.push(Check { name: "bad config", result: v.bad_config() });
-    checks.push(Check { name: "bad action", result: v.bad_action() });
-    checks.push(Check { name: "episode rules", result: v.episode_rules() });
-    checks.push(Check { name: "speed", result: v.speed() });
+    type Run<'v> = fn(&Validator<'v>) -> Result<String, String>;
+    let runs: [(&'static str, Run); 7] = [
+        ("determinism", Validator::determinism),
+        ("seeds differ", Validator::seeds_differ),
+        ("finite", Validator::finite),
+        ("bad config", Validator::bad_config),
+        ("bad action", Validator::bad_action),
+        ("episode rules", Validator::episode_rules),
+        ("speed", Validator::speed),
+    ];
+    for (name, run) in runs {
+        progress(name);
+        let result = match v.in_budget() {
+            Ok(()) => run(&v),
+            Err(why) => Err(format!("not run: {why}")),
+        };
+        checks.push(Check { name, result });
+    }
     Report { file: name, checks }
 }

@@ -178,3 +178,38 @@ fn validate_catches_hidden_state_and_control_characters() {
     let file = faulty("escape-codes");
     refused(&["validate", file.to_str().unwrap()], "contains control characters, which a terminal would act on");
 }
+
+#[test]
+fn validate_reaches_its_verdict_within_its_budget_on_a_slow_plugin() {
+    let file = faulty("slow-reset");
+    let started = Instant::now();
+    refused(&["validate", file.to_str().unwrap(), "--budget", "4"], "the validate budget of 4 s ran out");
+    // The budget, one call's timeout (2 s) and loading, with room to spare.
+    assert!(started.elapsed() < Duration::from_secs(15), "validate took {:?}", started.elapsed());
+}
+
+#[test]
+fn observations_far_over_the_cap_fail_fast_everywhere() {
+    let file = faulty("huge-observation");
+    let file = file.to_str().unwrap();
+    refused(&["validate", file], "exceeds the cap of 65536 bytes");
+    refused(&["bench", file, "--envs", "8", "--seconds", "0.2"], "env calls failed during the bench");
+    let (out, all) = run(&["eval", "--env", file, "--policy", "random", "--episodes", "4", "--json"], Duration::from_secs(60));
+    assert!(out.status.success(), "{all}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["failures"], 4, "{v}");
+    assert!(v["failed"][0]["message"].as_str().unwrap().contains("exceeds the cap"), "{v}");
+}
+
+#[test]
+fn a_stack_overflow_is_named_as_such() {
+    let file = faulty("stack-overflow");
+    let file = file.to_str().unwrap();
+    refused(&["validate", file], "the plugin overflowed its stack");
+    let (out, all) = run(&["eval", "--env", file, "--policy", "random", "--episodes", "8", "--json"], Duration::from_secs(60));
+    assert!(out.status.success(), "{all}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failed = v["failed"].as_array().unwrap();
+    assert!(!failed.is_empty(), "{v}");
+    assert!(failed.iter().all(|f| f["message"].as_str().unwrap().contains("overflowed its stack")), "{v}");
+}

@@ -172,6 +172,26 @@ pub(crate) fn classify(error: wasmtime::Error, call: &str, state: &StoreState, l
     Fault { kind: FaultKind::Trap, message }
 }
 
+/// Innermost frames that, all in one function, mark an out-of-bounds
+/// trap as a stack overflow.
+const RECURSION_FRAMES: usize = 8;
+
+/// A stack overflow, named as such. Wasm's own call stack running out
+/// traps as "call stack exhausted"; a Rust (or C) plugin's shadow stack in
+/// linear memory running out shows up as an out-of-bounds access, with
+/// the recursing function on top of the backtrace frame after frame. Said
+/// plainly, the author looks for the recursion instead of a bad pointer.
+fn stack_overflow(root: &str, frames: &[&str]) -> Option<String> {
+    let top = frames.first()?;
+    let recursing = frames.len() >= RECURSION_FRAMES && frames[..RECURSION_FRAMES].iter().all(|f| f == top);
+    if root.contains("call stack exhausted") {
+        return Some(format!("the plugin overflowed its stack ({root}) in `{top}`; look for unbounded recursion"));
+    }
+    (recursing && root.contains("out of bounds")).then(|| {
+        format!("the plugin overflowed its stack: `{top}` calls itself over and over ({root}); bound the recursion or make it a loop")
+    })
+}
+
 /// How much of the plugin's stderr a fault message quotes.
 const STDERR_QUOTE_BYTES: usize = 600;
 
@@ -185,8 +205,11 @@ fn describe_trap(error: &wasmtime::Error) -> String {
         return "the plugin panicked".to_string();
     }
     let root = error.root_cause().to_string();
-    let frames: Vec<&str> =
-        full.lines().filter_map(|l| l.split_once(" - ").map(|(_, f)| f.trim())).filter(|f| !f.starts_with("<unknown>")).take(3).collect();
+    let all_frames: Vec<&str> = full.lines().filter_map(|l| l.split_once(" - ").map(|(_, f)| f.trim())).collect();
+    if let Some(overflow) = stack_overflow(&root, &all_frames) {
+        return overflow;
+    }
+    let frames: Vec<&str> = all_frames.iter().copied().filter(|f| !f.starts_with("<unknown>")).take(3).collect();
     if frames.is_empty() {
         format!("the plugin trapped: {root}")
     } else {

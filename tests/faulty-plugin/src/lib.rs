@@ -68,6 +68,14 @@ impl Environment for Faulty {
         if cfg!(feature = "trap-in-reset") && strikes(seed) {
             panic!("deliberate trap in reset (seed {seed})");
         }
+        if cfg!(feature = "slow-reset") {
+            // No clock in the sandbox: burn time instead.
+            let mut x = 0u64;
+            for i in 0..150_000_000u64 {
+                x = black_box(x ^ i);
+            }
+            black_box(x);
+        }
         if cfg!(feature = "fail-every-reset") {
             return Err(EnvError::failed(format!("deliberate failure of every reset (seed {seed})")));
         }
@@ -94,6 +102,9 @@ impl Environment for Faulty {
                 // Waits on a clock that stands still: must trap, not hang.
                 std::thread::sleep(std::time::Duration::from_secs(30));
             }
+            if cfg!(feature = "stack-overflow") {
+                black_box(recurse(black_box(1)));
+            }
             if cfg!(feature = "grow-memory") {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {
@@ -117,6 +128,9 @@ impl Environment for Faulty {
     }
 
     fn render(&self) -> String {
+        if cfg!(feature = "huge-observation") {
+            return "#".repeat(1 << 20);
+        }
         if cfg!(feature = "escape-codes") {
             return format!("count: {}\x1b]0;pwned\x07\x1b[2J (seed {})", self.count, self.seed);
         }
@@ -125,6 +139,16 @@ impl Environment for Faulty {
 }
 
 export_env!(Faulty);
+
+/// Recursion without end, each frame holding some stack.
+#[inline(never)]
+fn recurse(depth: u64) -> u64 {
+    if depth == u64::MAX {
+        return 0;
+    }
+    let pad = black_box([depth; 64]);
+    recurse(depth + 1).wrapping_add(pad[(depth % 64) as usize])
+}
 
 /// Everything a plugin might try to learn from outside, as one line the
 /// host's tests read: whether files and the network were reachable, how many
