@@ -93,9 +93,9 @@ enum Command {
         /// Memory cap per plugin instance.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         memory_mib: usize,
-        /// Wall-clock budget of the whole run: a verdict comes within it
-        /// (plus one call's timeout) on any plugin; checks it leaves no time
-        /// for fail, saying so.
+        /// Wall-clock budget of the checks (after the component compiled): a
+        /// verdict comes within it (plus one call's timeout) on any plugin;
+        /// checks it leaves no time for fail, saying so.
         #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
         budget: f64,
         #[command(flatten)]

@@ -14,6 +14,36 @@ pub struct Faulty {
     seed: u64,
     count: u64,
     steps: u32,
+    /// The `configurable` build's settings.
+    knobs: Knobs,
+}
+
+/// What the `configurable` build reports, from its settings.
+#[derive(Debug, Default)]
+struct Knobs {
+    actions: usize,
+    text: String,
+    repeat: usize,
+    reward: f64,
+    metric: f64,
+    limits: (u32, u32, u32),
+}
+
+impl Knobs {
+    fn from(config: &Config) -> Result<Self, EnvError> {
+        Ok(Self {
+            actions: config.int_in("actions", 0, 10_000)?,
+            text: config.str("text").to_string(),
+            repeat: config.int_in("repeat", 0, 100_000)?,
+            reward: config.parse("reward", "a number")?,
+            metric: config.parse("metric", "a number")?,
+            limits: (
+                config.parse("max_turns", "a u32")?,
+                config.parse("max_actions_per_turn", "a u32")?,
+                config.parse("max_steps", "a u32")?,
+            ),
+        })
+    }
 }
 
 fn strikes(seed: u64) -> bool {
@@ -31,12 +61,27 @@ impl Environment for Faulty {
                 "A counter that misbehaves on purpose (tests only).".into()
             },
             multi_turn: true,
-            config_keys: vec![ConfigKey::new("start", 0, "initial count")],
+            config_keys: if cfg!(feature = "configurable") {
+                vec![
+                    ConfigKey::new("start", 0, "initial count"),
+                    ConfigKey::new("actions", 2, "how many actions"),
+                    ConfigKey::new("text", "", "appended to instructions, action names and observations"),
+                    ConfigKey::new("repeat", 1, "copies of the instructions"),
+                    ConfigKey::new("reward", 1.0, "the reward of every step"),
+                    ConfigKey::new("metric", 0.0, "the value of the one metric"),
+                    ConfigKey::new("max_turns", 1, "limits.max-turns"),
+                    ConfigKey::new("max_actions_per_turn", 5, "limits.max-actions-per-turn"),
+                    ConfigKey::new("max_steps", 5, "limits.max-steps and max-actions-per-episode"),
+                ]
+            } else {
+                vec![ConfigKey::new("start", 0, "initial count")]
+            },
         }
     }
 
     fn new(config: &Config) -> Result<Self, EnvError> {
-        Ok(Self { seed: 0, count: config.int_in("start", 0, 1000)?, steps: 0 })
+        let knobs = if cfg!(feature = "configurable") { Knobs::from(config)? } else { Knobs::default() };
+        Ok(Self { seed: 0, count: config.int_in("start", 0, 1000)?, steps: 0, knobs })
     }
 
     fn spec(&self) -> EnvSpec {
@@ -47,6 +92,18 @@ impl Environment for Faulty {
             limits: Limits { max_actions_per_episode: 5, max_actions_per_turn: 5, max_turns: 1, max_steps: 5 },
             metrics: vec![],
         };
+        if cfg!(feature = "configurable") {
+            let k = &self.knobs;
+            spec.instructions = format!("Count up.{}", k.text).repeat(k.repeat);
+            spec.actions = (0..k.actions).map(|i| format!("A{i}{}", k.text)).collect();
+            spec.limits = Limits {
+                max_turns: k.limits.0,
+                max_actions_per_turn: k.limits.1,
+                max_steps: k.limits.2,
+                max_actions_per_episode: k.limits.2,
+            };
+            spec.metrics = vec![format!("m{}", k.text)];
+        }
         if cfg!(feature = "empty-actions") {
             spec.actions.clear();
         }
@@ -115,6 +172,7 @@ impl Environment for Faulty {
         self.count += (action == 0) as u64;
         self.steps += 1;
         let reward = match () {
+            _ if cfg!(feature = "configurable") => self.knobs.reward,
             _ if cfg!(feature = "nan-reward") && strikes(self.seed) => f64::NAN,
             _ if cfg!(feature = "huge-reward") && strikes(self.seed) => 1e308,
             _ => 1.0,
@@ -123,13 +181,21 @@ impl Environment for Faulty {
             observation: self.render(),
             reward,
             done: self.steps >= 5,
-            info: StepInfo { success: self.steps >= 5, action_is_valid: true, action_is_effective: action == 0, metrics: vec![] },
+            info: StepInfo {
+                success: self.steps >= 5,
+                action_is_valid: true,
+                action_is_effective: action == 0,
+                metrics: if cfg!(feature = "configurable") { vec![self.knobs.metric] } else { vec![] },
+            },
         }
     }
 
     fn render(&self) -> String {
         if cfg!(feature = "huge-observation") {
             return "#".repeat(1 << 20);
+        }
+        if cfg!(feature = "configurable") {
+            return format!("count: {} (seed {}){}", self.count, self.seed, self.knobs.text);
         }
         if cfg!(feature = "escape-codes") {
             return format!("count: {}\x1b]0;pwned\x07\x1b[2J (seed {})", self.count, self.seed);
