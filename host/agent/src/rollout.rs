@@ -187,16 +187,16 @@ impl RolloutRunner {
         let ids: Vec<usize> = (0..seeds.len()).collect();
         let system = Segment { role: Role::System, text: self.prompts.system(), prefill: String::new(), tokens: vec![], logprobs: vec![] };
         let first = |obs: &str| vec![system.clone(), user(self.prompts.first_user(obs, self.limits.max_actions_per_traj))];
-        Ok(self
+        let live = self
             .pool
             .reset(&ids, seeds)?
             .into_iter()
             .map(|r| match r {
                 Ok(obs) => Live { segments: first(&obs), observation: obs, ..Live::default() },
-                Err(f) => Live { done: true, failure: Some(f.to_string()), failure_kind: Some(f.kind_name()), ..Live::default() },
+                Err(f) => Live::default().failed(f.kind_name(), f.to_string()),
             })
-            .collect::<Vec<Live>>())
-        .map(|live| self.check_groups_agree(live, seeds))
+            .collect();
+        Ok(self.check_groups_agree(live, seeds))
     }
 
     /// Members of a group share a seed, so their first states must agree: a
@@ -210,13 +210,12 @@ impl RolloutRunner {
             let Some(first) = group.clone().find(|&i| live[i].failure.is_none()) else { continue };
             for i in group {
                 if live[i].failure.is_none() && live[i].observation != live[first].observation {
-                    live[i].done = true;
-                    live[i].failure_kind = Some("nondeterministic".into());
-                    live[i].failure = Some(format!(
+                    let message = format!(
                         "env {i}, seed {}: reset gave a different first state than env {first} with the same seed; \
                          an environment's state must come from its seed alone (state kept across resets?)",
                         seeds[i]
-                    ));
+                    );
+                    live[i].fail("nondeterministic".into(), message);
                 }
             }
         }
@@ -295,10 +294,7 @@ impl RolloutRunner {
                             live[i].success = s.info.success;
                         }
                     }
-                    Err(f) => {
-                        live[i].failure = Some(f.to_string());
-                        live[i].failure_kind = Some(f.kind_name());
-                    }
+                    Err(f) => live[i].fail(f.kind_name(), f.to_string()),
                 }
             }
         }
@@ -307,6 +303,20 @@ impl RolloutRunner {
 }
 
 impl Live {
+    /// Record that the env failed (`kind`: `trap`, `nondeterministic`, ...)
+    /// and end the episode.
+    fn fail(&mut self, kind: String, message: String) {
+        self.done = true;
+        self.failure = Some(message);
+        self.failure_kind = Some(kind);
+    }
+
+    /// [`Live::fail`], by value.
+    fn failed(mut self, kind: String, message: String) -> Self {
+        self.fail(kind, message);
+        self
+    }
+
     /// Still playing: not done, not failed, with actions left.
     fn can_act(&self, lim: LoopLimits) -> bool {
         !self.done && self.failure.is_none() && self.used < lim.max_actions_per_traj

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// One line of `metrics.jsonl`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepMetrics {
     pub step: u64,
     pub success: f64,
@@ -99,35 +99,8 @@ mod tests {
     use super::*;
 
     fn line(step: u64) -> String {
-        let m = StepMetrics {
-            step,
-            success: 0.5,
-            return_mean: 0.1,
-            reward_std_before_filter: 0.2,
-            reward_std_after_filter: 0.3,
-            groups_kept: 2,
-            entropy: 1.0,
-            grad_norm: 0.5,
-            policy_loss: 0.0,
-            value_loss: 0.0,
-            clip_fraction: 0.0,
-            approx_kl: 0.0,
-            kl_to_reference: 0.0,
-            truncated_trajectories: 0,
-            world_model_loss: 0.0,
-            optimizer_steps: 1,
-            failed_episodes: 0,
-            episodes: 8,
-            first_failure: None,
-            response_tokens: 10.0,
-            valid_action_ratio: 1.0,
-            effective_action_ratio: 1.0,
-            val_success: None,
-            rollout_seconds: 0.0,
-            update_seconds: 0.0,
-            skipped: None,
-            collapse_alarm: None,
-        };
+        let m =
+            StepMetrics { step, success: 0.5, return_mean: 0.1, groups_kept: 2, optimizer_steps: 1, episodes: 8, ..StepMetrics::default() };
         serde_json::to_string(&m).unwrap()
     }
 
