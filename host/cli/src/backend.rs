@@ -75,27 +75,36 @@ pub fn probe<B: burn::tensor::backend::Backend>(choice: BackendChoice, device: &
     }
 }
 
-/// Run `$body` with `$B` the autodiff backend chosen and `$device` its
-/// default device; a backend not built in is an error naming the feature.
+/// Run `$body` with `$B` the backend chosen and `$device` its default
+/// device; a backend not built in is an error naming the feature. Plain
+/// `with_backend!(choice, B, device => body)` gives the autodiff backend
+/// (training); `with_backend!(inference choice, ...)` the backend itself,
+/// whose fused kernels (flash attention on flex) sampling wants.
 macro_rules! with_backend {
-    ($choice:expr, $B:ident, $device:ident => $body:expr) => {{
+    (inference $choice:expr, $B:ident, $device:ident => $body:expr) => {
+        $crate::backend::with_backend!(@wrap [], $choice, $B, $device => $body)
+    };
+    ($choice:expr, $B:ident, $device:ident => $body:expr) => {
+        $crate::backend::with_backend!(@wrap [burn::backend::Autodiff], $choice, $B, $device => $body)
+    };
+    (@wrap [$($wrap:tt)*], $choice:expr, $B:ident, $device:ident => $body:expr) => {{
         use $crate::backend::BackendChoice;
         match $choice {
             BackendChoice::Flex => {
-                type $B = burn::backend::Autodiff<burn::backend::Flex>;
+                type $B = $crate::backend::with_backend!(@type [$($wrap)*] burn::backend::Flex);
                 let $device = $crate::backend::default_device::<$B>();
                 $body
             }
             #[cfg(feature = "wgpu")]
             BackendChoice::Wgpu => {
-                type $B = burn::backend::Autodiff<burn::backend::Wgpu>;
+                type $B = $crate::backend::with_backend!(@type [$($wrap)*] burn::backend::Wgpu);
                 let $device = $crate::backend::default_device::<$B>();
                 $crate::backend::probe::<$B>(BackendChoice::Wgpu, &$device)?;
                 $body
             }
             #[cfg(feature = "cuda")]
             BackendChoice::Cuda => {
-                type $B = burn::backend::Autodiff<burn::backend::Cuda>;
+                type $B = $crate::backend::with_backend!(@type [$($wrap)*] burn::backend::Cuda);
                 let $device = $crate::backend::default_device::<$B>();
                 $crate::backend::probe::<$B>(BackendChoice::Cuda, &$device)?;
                 $body
@@ -104,5 +113,7 @@ macro_rules! with_backend {
             other => return Err(other.missing()),
         }
     }};
+    (@type [] $inner:ty) => { $inner };
+    (@type [$($wrap:tt)+] $inner:ty) => { $($wrap)+<$inner> };
 }
 pub(crate) use with_backend;

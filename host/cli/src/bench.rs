@@ -331,3 +331,52 @@ pub fn policy<B: burn::tensor::backend::AutodiffBackend>(
     let bench = ragen_policy::PolicyBenchConfig { prompts: rows, min_time: Duration::from_secs_f64(seconds / 4.0) };
     Ok(ragen_policy::bench_policy(learner.model(), policy.grammar(), &bench, &device))
 }
+
+/// `bench --policy --model`: a pretrained model on `batch` first-turn
+/// prompts of the plugin (as the chat template renders them), `new_tokens`
+/// sampled per reply, and training passes of 4 sequences of 512 tokens (the
+/// shapes `scripts/reference/llm_bench.py` measures PyTorch on).
+pub fn llm<B: burn::tensor::backend::AutodiffBackend>(
+    file: &Path,
+    model: &Path,
+    batch: usize,
+    seconds: f64,
+    device: B::Device,
+) -> Result<ragen_llm::LlmBenchReport> {
+    use ragen_agent::{Context as Ctx, Message, PromptBuilder, Role};
+    let pretrained =
+        crate::term::with_spinner(&format!("loading {}", model.display()), || ragen_llm::Pretrained::<B>::load(model, &device))?;
+    eprintln!("{}", crate::chat::describe(&pretrained));
+    let config = ragen_agent::AgentConfig::default();
+    let plugin = Plugin::from_file(file)?;
+    let settings = config.env_settings(&[]);
+    let mut inst = plugin.instantiate()?;
+    let env = inst.create(&settings)?.map_err(|e| anyhow!("the plugin rejected the settings: {}", e.message))?;
+    let spec = inst.spec(env)?;
+    let rollout = &config.rollout;
+    let limits = rollout.limits(&spec);
+    let prompts = PromptBuilder::new(config.prompt.clone(), &spec, rollout.enable_think, limits.max_actions_per_turn);
+    let policy = ragen_llm::LlmPolicy::new(pretrained, ragen_llm::LlmSampling::default(), 0);
+    let system = prompts.system();
+    let mut rows = Vec::with_capacity(batch);
+    for seed in (0..batch as u64).map(|i| ragen_agent::EVAL_SEED_START + i) {
+        let observation = inst.reset(env, seed)?.map_err(|e| anyhow!("reset failed: {}", e.message))?;
+        let user = prompts.first_user(&observation, limits.max_actions_per_traj);
+        let context = Ctx {
+            messages: vec![Message { role: Role::System, text: &system }, Message { role: Role::User, text: &user }],
+            prefill: prompts.prefill(),
+            observation: &observation,
+            actions: &spec.actions,
+            max_actions: limits.max_actions_per_turn,
+        };
+        rows.push(policy.prompt_tokens(&context)?);
+    }
+    let bench = ragen_llm::LlmBenchConfig {
+        prompts: rows,
+        new_tokens: 64,
+        train_rows: 4,
+        train_len: 512,
+        min_time: Duration::from_secs_f64(seconds / 3.0),
+    };
+    Ok(ragen_llm::bench_llm(&policy.pretrained.model, &bench, &device))
+}

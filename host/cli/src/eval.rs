@@ -16,6 +16,9 @@ pub struct Options {
     pub env: PathBuf,
     pub policy: String,
     pub checkpoint: Option<PathBuf>,
+    /// A pretrained model plays instead (a GGUF file or a Hugging Face
+    /// directory).
+    pub model: Option<ModelOptions>,
     pub episodes: usize,
     pub seed_start: u64,
     pub seed: u64,
@@ -23,6 +26,13 @@ pub struct Options {
     pub settings: Vec<(String, String)>,
     pub threads: usize,
     pub trajectories: Option<PathBuf>,
+}
+
+/// A pretrained model as the policy.
+pub struct ModelOptions {
+    pub path: PathBuf,
+    pub backend: crate::backend::BackendChoice,
+    pub sampling: ragen_llm::LlmSampling,
 }
 
 #[derive(Serialize)]
@@ -61,24 +71,21 @@ pub struct FailedEpisode {
     pub message: String,
 }
 
-pub fn eval(opts: Options) -> Result<Report> {
-    if opts.episodes == 0 {
-        bail!("--episodes must be at least 1");
+/// The policy the options name: a pretrained model, a trained checkpoint,
+/// or a scripted policy.
+fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<Box<dyn Policy>> {
+    if let Some(model) = &opts.model {
+        let sampling = model.sampling;
+        let seed = opts.seed;
+        return crate::backend::with_backend!(inference model.backend, B, device => {
+            let pretrained = crate::term::with_spinner(&format!("loading {}", model.path.display()), || {
+                ragen_llm::Pretrained::<B>::load(&model.path, &device)
+            })?;
+            eprintln!("{}", crate::chat::describe(&pretrained));
+            Ok(Box::new(ragen_llm::LlmPolicy::new(pretrained, sampling, seed)) as Box<dyn Policy>)
+        });
     }
-    let plugin = Arc::new(Plugin::from_file_with(&opts.env, opts.config.sandbox.limits()?)?);
-    let settings = opts.config.env_settings(&opts.settings);
-    let twin = {
-        let mut inst = plugin.instantiate()?;
-        let info = inst.info()?;
-        match inst.create(&settings)? {
-            Ok(env) => Twin::find(&info.name, &mut inst, env, &settings)?,
-            Err(_) => None, // the runner below names the rejected settings
-        }
-    };
-    // Evaluation: one sample per seed.
-    let rollout = RolloutConfig { env_groups: opts.episodes, group_size: 1, ..opts.config.rollout.clone() };
-    let runner = RolloutRunner::new(plugin, &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
-    let mut policy: Box<dyn Policy> = match (&opts.checkpoint, opts.policy.as_str()) {
+    Ok(match (&opts.checkpoint, opts.policy.as_str()) {
         (Some(run), _) => {
             type B = burn::backend::Autodiff<burn::backend::Flex>;
             let (config, learner, tokenizer) = ragen_learner::load_policy::<B>(run, runner.spec(), Default::default())?;
@@ -101,8 +108,28 @@ pub fn eval(opts: Options) -> Result<Report> {
         (None, "sokoban-solver") => {
             Box::new(SokobanSolverPolicy::new(runner.spec()).context("--policy sokoban-solver needs a Sokoban plugin")?)
         }
-        (None, other) => bail!("unknown policy `{other}`; use `random` or `sokoban-solver`, or --checkpoint DIR"),
+        (None, other) => bail!("unknown policy `{other}`; use `random` or `sokoban-solver`, --checkpoint DIR or --model PATH"),
+    })
+}
+
+pub fn eval(opts: Options) -> Result<Report> {
+    if opts.episodes == 0 {
+        bail!("--episodes must be at least 1");
+    }
+    let plugin = Arc::new(Plugin::from_file_with(&opts.env, opts.config.sandbox.limits()?)?);
+    let settings = opts.config.env_settings(&opts.settings);
+    let twin = {
+        let mut inst = plugin.instantiate()?;
+        let info = inst.info()?;
+        match inst.create(&settings)? {
+            Ok(env) => Twin::find(&info.name, &mut inst, env, &settings)?,
+            Err(_) => None, // the runner below names the rejected settings
+        }
     };
+    // Evaluation: one sample per seed.
+    let rollout = RolloutConfig { env_groups: opts.episodes, group_size: 1, ..opts.config.rollout.clone() };
+    let runner = RolloutRunner::new(plugin, &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
+    let mut policy = make_policy(&opts, &runner)?;
     let seeds: Vec<u64> = (0..opts.episodes as u64).map(|i| opts.seed_start + i).collect();
     let ts = runner.run(policy.as_mut(), &seeds)?;
     if let Some(path) = &opts.trajectories {

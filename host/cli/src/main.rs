@@ -2,6 +2,7 @@
 
 mod backend;
 mod bench;
+mod chat;
 mod dashboard;
 mod eval;
 mod inspect;
@@ -34,7 +35,9 @@ use std::time::Duration;
         ragen-host bench target/plugins/sokoban.wasm --envs 1024 --json\n  \
         ragen-host eval --env target/plugins/sokoban.wasm --policy random --json\n  \
         ragen-host train --env target/plugins/bandit.wasm --steps 20 --out runs/bandit\n  \
-        ragen-host eval --env target/plugins/bandit.wasm --checkpoint runs/bandit"
+        ragen-host eval --env target/plugins/bandit.wasm --checkpoint runs/bandit\n  \
+        ragen-host chat --model target/models/SmolLM2-135M-Instruct.Q4_1.gguf \"Say hello.\"\n  \
+        ragen-host eval --env target/plugins/bandit.wasm --model target/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -141,6 +144,12 @@ enum Command {
         /// With --policy: the training config (default: the default config).
         #[arg(long, requires = "policy")]
         config: Option<PathBuf>,
+        /// With --policy: measure a pretrained model instead (a GGUF file or
+        /// a Hugging Face directory): prefill, batched KV-cache sampling
+        /// (64 new tokens a reply) and training (4 x 512 tokens) tokens/s,
+        /// and peak resident memory.
+        #[arg(long, value_name = "PATH", requires = "policy")]
+        model: Option<PathBuf>,
         /// With --policy: sequences per pass.
         #[arg(long, default_value_t = 32, requires = "policy")]
         batch: usize,
@@ -202,6 +211,28 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Load a pretrained model (a GGUF file or a Hugging Face directory)
+    /// and print its reply to one prompt, rendered with the model's chat
+    /// template: a check that a model loads and talks. Example:
+    /// `ragen-host chat --model target/models/SmolLM2-135M-Instruct.Q4_1.gguf "What is 2+2?"`.
+    Chat {
+        /// A GGUF file or a Hugging Face model directory.
+        #[arg(long, value_name = "PATH")]
+        model: PathBuf,
+        /// The user's message.
+        prompt: String,
+        /// A system message before it.
+        #[arg(long)]
+        system: Option<String>,
+        /// Feed the prompt as it is, without the chat template.
+        #[arg(long)]
+        raw: bool,
+        /// Seed of the sampling (with --temperature above 0).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[command(flatten)]
+        generation: Generation,
+    },
     /// Play a policy on fixed seeds (default: 256 seeds from 123, one
     /// episode each, as the reference evaluates) and report success, return,
     /// valid- and effective-action ratios, and the optimal policy's success
@@ -217,8 +248,20 @@ enum Command {
         policy: String,
         /// Evaluate the policy trained in this run directory (at its
         /// validation temperature, 0.5 by default).
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "model")]
         checkpoint: Option<PathBuf>,
+        /// Evaluate a pretrained model: a GGUF file or a Hugging Face
+        /// directory (`make model` fetches SmolLM2-135M-Instruct into
+        /// target/models/). Its replies are free text, parsed as the
+        /// reference parses them.
+        #[arg(long, value_name = "PATH")]
+        model: Option<PathBuf>,
+        #[command(flatten)]
+        generation: Generation,
+        /// Turn thinking off: the reply is pre-filled with `<answer>` and
+        /// the prompt asks for the answer only.
+        #[arg(long)]
+        no_think: bool,
         #[arg(long, default_value_t = 256)]
         episodes: usize,
         /// The first evaluation seed.
@@ -243,6 +286,46 @@ enum Command {
         #[command(flatten)]
         settings: Settings,
     },
+}
+
+/// How a pretrained model writes its replies.
+#[derive(Args, Clone)]
+struct Generation {
+    /// The backend a pretrained model runs on: `flex` (CPU), or `wgpu`/`cuda`
+    /// when built with those cargo features.
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: backend::BackendChoice,
+    /// Sampling temperature (0.5 is the reference's evaluation value).
+    #[arg(long, default_value_t = 0.5)]
+    temperature: f32,
+    /// Draw among the most likely tokens whose probability adds up to this.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Draw among this many most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// The longest reply, in tokens.
+    #[arg(long, default_value_t = 400)]
+    max_new_tokens: usize,
+    /// Replies sampled together.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+}
+
+impl Generation {
+    fn sampling(&self) -> Result<ragen_llm::LlmSampling> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            bail!("--temperature {}: use 0 (greedy) or a positive number", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("--top-p {}: use a number in (0, 1]", self.top_p);
+        }
+        if self.max_new_tokens == 0 || self.batch == 0 {
+            bail!("--max-new-tokens and --batch must be at least 1");
+        }
+        let sampling = ragen_policy::Sampling { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p };
+        Ok(ragen_llm::LlmSampling { sampling, max_new_tokens: self.max_new_tokens, batch: self.batch })
+    }
 }
 
 fn parse_algo(s: &str) -> Result<ragen_learner::Algo, String> {
@@ -301,6 +384,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut out = term::Escaping(std::io::stdout());
             play::play(&file, seed, &settings.parse()?, &mut stdin.lock(), &mut out)?;
         }
+        Command::Bench { file, policy: true, model: Some(model), batch, seconds, json, backend, .. } => {
+            if batch == 0 || !seconds.is_finite() || seconds <= 0.0 {
+                bail!("--batch and --seconds must be positive (and --seconds finite)");
+            }
+            let report = backend::with_backend!(backend, B, device => bench::llm::<B>(&file, &model, batch, seconds, device)?);
+            print_report(&report, json, ragen_llm::LlmBenchReport::to_text)?;
+        }
         Command::Bench { file, policy: true, config, batch, seconds, json, backend, .. } => {
             if batch == 0 || !seconds.is_finite() || seconds <= 0.0 {
                 bail!("--batch and --seconds must be positive (and --seconds finite)");
@@ -333,17 +423,45 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Train { env, config, steps, seed, out, backend, resume, algo, settings } => {
             train::run(train::Options { env, config, steps, seed, out, backend, resume, algo, settings: settings.parse()? })?;
         }
-        Command::Eval { env, policy, checkpoint, episodes, seed_start, seed, config, trajectories, threads, json, settings } => {
-            let config = match (&config, &checkpoint) {
+        Command::Chat { model, prompt, system, raw, seed, generation } => {
+            let g = generation.sampling()?;
+            let opts = chat::Options { model, prompt, system, raw, max_new_tokens: g.max_new_tokens, sampling: g.sampling, seed };
+            backend::with_backend!(inference generation.backend, B, device => chat::chat::<B>(opts, device)?);
+        }
+        Command::Eval {
+            env,
+            policy,
+            checkpoint,
+            model,
+            generation,
+            no_think,
+            episodes,
+            seed_start,
+            seed,
+            config,
+            trajectories,
+            threads,
+            json,
+            settings,
+        } => {
+            let mut config = match (&config, &checkpoint) {
                 // A training config is a superset: its [rollout], [prompt] and [env] apply.
                 (Some(path), _) => ragen_learner::TrainConfig::load(path)?.agent,
                 // A trained policy is evaluated under the prompts and settings it trained with.
                 (None, Some(run)) => ragen_learner::TrainConfig::load(&run.join("config.toml"))?.agent,
                 (None, None) => ragen_agent::AgentConfig::default(),
             };
+            if no_think {
+                config.rollout.enable_think = false;
+            }
             let settings = settings.parse()?;
             let threads = default_threads(threads);
-            let opts = eval::Options { env, policy, checkpoint, episodes, seed_start, seed, config, settings, threads, trajectories };
+            let model = match model {
+                Some(path) => Some(eval::ModelOptions { path, backend: generation.backend, sampling: generation.sampling()? }),
+                None => None,
+            };
+            let opts =
+                eval::Options { env, policy, checkpoint, model, episodes, seed_start, seed, config, settings, threads, trajectories };
             print_report(&eval::eval(opts)?, json, eval::Report::to_text)?;
         }
     }

@@ -28,7 +28,9 @@ mod tokenizer;
 pub use agent::{BurnPolicy, SamplingConfig};
 pub use bench::{PolicyBenchConfig, PolicyBenchReport, bench_policy};
 pub use grammar::{AnswerGrammar, GrammarState};
-pub use model::{KvCache, PolicyModel, PolicyModelConfig};
+pub use model::{KvCache, PolicyModel, PolicyModelConfig, Rotation, inv_frequencies};
 pub use network::PolicyNetwork;
-pub use sample::{Sampled, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with};
+pub use sample::{
+    CausalLm, ReplyRule, Sampled, Sampling, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with,
+};
 pub use tokenizer::PluginTokenizer;

@@ -144,6 +144,40 @@ impl<B: Backend> KvCache<B> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Each layer's keys and values, for a model's forward pass to extend.
+    pub fn layers_mut(&mut self) -> impl Iterator<Item = &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>> {
+        self.layers.iter_mut()
+    }
+
+    /// Record that `t` more positions are cached.
+    pub fn advance(&mut self, t: usize) {
+        self.len += t;
+    }
+
+    /// For `t` new positions of `b` rows after what is cached: each one's
+    /// position (`[b, t]` row-major, padding not counted) and, if any row
+    /// is padded, the mask `[b, 1, t, p]` that is true where a query may not
+    /// see a key.
+    pub fn positions_and_padding(&self, b: usize, t: usize, device: &B::Device) -> (Vec<i64>, Option<Tensor<B, 4, Bool>>) {
+        let (offset, p) = (self.len, self.len + t);
+        if self.gaps.is_empty() {
+            return ((0..b).flat_map(|_| offset as i64..p as i64).collect(), None);
+        }
+        assert_eq!(self.gaps.len(), b, "one gap per row");
+        let position = |(start, len): (usize, usize), i: usize| {
+            if i < start { i } else { i.saturating_sub(len).max(start) }
+        };
+        let positions: Vec<i64> = self.gaps.iter().flat_map(|&g| (offset..p).map(move |i| position(g, i) as i64)).collect();
+        // Row r's padding is hidden, except from itself, so that no query
+        // is left with nothing to attend to.
+        let hidden: Vec<bool> = self
+            .gaps
+            .iter()
+            .flat_map(|&(start, len)| (offset..p).flat_map(move |i| (0..p).map(move |j| j >= start && j < start + len && j != i)))
+            .collect();
+        (positions, Some(Tensor::<B, 4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, p]), device)))
+    }
 }
 
 impl<B: Backend> PolicyModel<B> {
@@ -182,25 +216,7 @@ impl<B: Backend> PolicyModel<B> {
             self.max_seq_len
         );
         let device = tokens.device();
-        let p = offset + t;
-        // Each new token's position, row by row (`[b, t]`).
-        let (positions, padding): (Vec<i64>, _) = if cache.gaps.is_empty() {
-            ((0..b).flat_map(|_| offset as i64..p as i64).collect(), None)
-        } else {
-            assert_eq!(cache.gaps.len(), b, "one gap per row");
-            let position = |(start, len): (usize, usize), i: usize| {
-                if i < start { i } else { i.saturating_sub(len).max(start) }
-            };
-            let positions: Vec<i64> = cache.gaps.iter().flat_map(|&g| (offset..p).map(move |i| position(g, i) as i64)).collect();
-            // Row r's padding is hidden, except from itself, so that no
-            // query is left with nothing to attend to.
-            let hidden: Vec<bool> = cache
-                .gaps
-                .iter()
-                .flat_map(|&(start, len)| (offset..p).flat_map(move |i| (0..p).map(move |j| j >= start && j < start + len && j != i)))
-                .collect();
-            (positions, Some(Tensor::<B, 4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, p]), &device)))
-        };
+        let (positions, padding) = cache.positions_and_padding(b, t, &device);
         // [b, t, d]
         let mut x = self.token_embedding.forward(tokens);
         let rotation = match &self.position_embedding {
@@ -208,12 +224,12 @@ impl<B: Backend> PolicyModel<B> {
                 x = x + embedding.forward(Tensor::<B, 2, Int>::from_data(TensorData::new(positions, [b, t]), &device));
                 None
             }
-            None => Some(Rotation::new(&positions, [b, t], self.head_width(), &device)),
+            None => Some(Rotation::new(&positions, [b, t], &inv_frequencies(self.head_width(), 10_000.0), &device)),
         };
-        for (block, layer_cache) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+        for (block, layer_cache) in self.blocks.iter().zip(cache.layers_mut()) {
             x = block.forward(x, layer_cache, padding.clone(), rotation.as_ref());
         }
-        cache.len += t;
+        cache.advance(t);
         let x = self.norm.forward(x);
         let logits = self.lm_head.forward(x.clone()); // [b, t, v]
         let values = self.value_head.forward(x).reshape([b, t]); // [b, t]
@@ -261,22 +277,28 @@ impl<B: Backend> Block<B> {
     }
 }
 
+/// The rotary frequencies `theta^(-2i/k)` of a head `k` channels wide.
+pub fn inv_frequencies(k: usize, theta: f64) -> Vec<f32> {
+    (0..k / 2).map(|i| theta.powf(-(2.0 * i as f64) / k as f64) as f32).collect()
+}
+
 /// Rotary position embedding (RoPE) for the `t` new positions of a batch:
 /// each pair of a head's channels `(i, i + k/2)` is rotated by the angle
-/// `position / 10000^(2i/k)`, so a query-key product depends on the two
-/// positions only through their difference.
-struct Rotation<B: Backend> {
+/// `position · inv_freq[i]` (`inv_freq[i] = θ^(-2i/k)`; θ = 10 000 in our
+/// model, the model file's value in a pretrained one), so a query-key
+/// product depends on the two positions only through their difference.
+/// This is the "rotate half" layout of Hugging Face's Llama and Qwen2.
+pub struct Rotation<B: Backend> {
     /// `[b, 1, t, k/2]` each.
     cos: Tensor<B, 4>,
     sin: Tensor<B, 4>,
 }
 
 impl<B: Backend> Rotation<B> {
-    fn new(positions: &[i64], [b, t]: [usize; 2], k: usize, device: &B::Device) -> Self {
-        assert!(k.is_multiple_of(2), "rotary positions need an even head width, not {k}");
-        let half = k / 2;
-        let angles: Vec<f32> =
-            positions.iter().flat_map(|&p| (0..half).map(move |i| p as f32 / 10_000f32.powf(2.0 * i as f32 / k as f32))).collect();
+    /// `positions` `[b, t]` row-major; one frequency per channel pair.
+    pub fn new(positions: &[i64], [b, t]: [usize; 2], inv_freq: &[f32], device: &B::Device) -> Self {
+        let half = inv_freq.len();
+        let angles: Vec<f32> = positions.iter().flat_map(|&p| inv_freq.iter().map(move |f| p as f32 * f)).collect();
         let cos = angles.iter().map(|a| a.cos()).collect::<Vec<_>>();
         let sin = angles.iter().map(|a| a.sin()).collect::<Vec<_>>();
         let tensor = |v: Vec<f32>| Tensor::<B, 4>::from_data(TensorData::new(v, [b, 1, t, half]), device);
@@ -284,7 +306,7 @@ impl<B: Backend> Rotation<B> {
     }
 
     /// x `[b, h, t, k]`, rotated.
-    fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [b, h, t, k] = x.dims();
         let half = k / 2;
         let (cos, sin) = (self.cos.clone().expand([b, h, t, half]), self.sin.clone().expand([b, h, t, half]));

@@ -10,6 +10,77 @@ use crate::model::{KvCache, PolicyModel};
 use burn::prelude::*;
 use ragen_env_sdk::SeedRng;
 
+/// A causal language model that extends a KV cache: ours, or a pretrained
+/// one. Sampling needs nothing else.
+pub trait CausalLm<B: Backend> {
+    fn n_layers(&self) -> usize;
+    /// The next `t` tokens `[b, t]` after what `cache` holds: their logits
+    /// `[b, t, v]` and values `[b, t]`; the cache is extended.
+    fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>);
+}
+
+impl<B: Backend> CausalLm<B> for PolicyModel<B> {
+    fn n_layers(&self) -> usize {
+        PolicyModel::n_layers(self)
+    }
+
+    fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        PolicyModel::forward_cached(self, tokens, cache)
+    }
+}
+
+/// What a reply may contain next, and when it is done: the answer grammar
+/// (constrained decoding), or free text that stops at a stop sequence.
+pub trait ReplyRule {
+    type State: Copy + PartialEq;
+    fn start(&self) -> Self::State;
+    /// The tokens allowed next; `None` allows every token.
+    fn allowed(&self, state: Self::State) -> Option<&[bool]>;
+    fn advance(&self, state: Self::State, token: u32) -> Self::State;
+    fn is_done(&self, state: Self::State) -> bool;
+}
+
+impl ReplyRule for AnswerGrammar {
+    type State = GrammarState;
+
+    fn start(&self) -> GrammarState {
+        AnswerGrammar::start(self)
+    }
+
+    fn allowed(&self, state: GrammarState) -> Option<&[bool]> {
+        Some(AnswerGrammar::allowed(self, state))
+    }
+
+    fn advance(&self, state: GrammarState, token: u32) -> GrammarState {
+        AnswerGrammar::advance(self, state, token).expect("sampled tokens are allowed")
+    }
+
+    fn is_done(&self, state: GrammarState) -> bool {
+        state == GrammarState::Done
+    }
+}
+
+/// How the next token is drawn from the logits. Log-probabilities are
+/// always those of `softmax(logits / temperature)` over the allowed tokens,
+/// which is what the learner recomputes; `top_k` and `top_p` only narrow
+/// which tokens can be drawn (keep them off, 0 and 1.0, for training
+/// rollouts, so that the recorded distribution is the one sampled from).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    /// Draw among the `top_k` most likely tokens; 0 is off.
+    pub top_k: usize,
+    /// Draw among the most likely tokens whose probabilities add up to
+    /// `top_p`; 1.0 is off.
+    pub top_p: f32,
+}
+
+impl From<f32> for Sampling {
+    fn from(temperature: f32) -> Self {
+        Self { temperature, top_k: 0, top_p: 1.0 }
+    }
+}
+
 /// One sampled reply.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
@@ -22,7 +93,15 @@ pub struct Sampled {
 /// Log-probability of every allowed token: `logits / temperature`, masked,
 /// log-normalised. Disallowed tokens get `-inf`.
 pub fn masked_log_distribution(logits: &[f32], allowed: &[bool], temperature: f32) -> Vec<f32> {
-    let scaled: Vec<f32> = logits.iter().zip(allowed).map(|(&l, &a)| if a { l / temperature } else { f32::NEG_INFINITY }).collect();
+    log_distribution(logits, Some(allowed), temperature)
+}
+
+/// [`masked_log_distribution`], with `None` allowing every token.
+fn log_distribution(logits: &[f32], allowed: Option<&[bool]>, temperature: f32) -> Vec<f32> {
+    let scaled: Vec<f32> = match allowed {
+        Some(allowed) => logits.iter().zip(allowed).map(|(&l, &a)| if a { l / temperature } else { f32::NEG_INFINITY }).collect(),
+        None => logits.iter().map(|&l| l / temperature).collect(),
+    };
     let max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let lse = max + scaled.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
     scaled.iter().map(|&x| x - lse).collect()
@@ -30,11 +109,11 @@ pub fn masked_log_distribution(logits: &[f32], allowed: &[bool], temperature: f3
 
 /// Sample a reply to `prompt` (which ends with the pre-fill) one token at
 /// a time, feeding only the new token each step.
-pub fn sample<B: Backend>(
-    model: &PolicyModel<B>,
+pub fn sample<B: Backend, M: CausalLm<B>, R: ReplyRule>(
+    model: &M,
     prompt: &[u32],
-    grammar: &AnswerGrammar,
-    temperature: f32,
+    grammar: &R,
+    temperature: impl Into<Sampling>,
     max_new_tokens: usize,
     rng: &mut SeedRng,
     device: &B::Device,
@@ -48,11 +127,11 @@ pub fn sample<B: Backend>(
 /// row gets one new token per step. Row `r` draws from
 /// `rngs[r]` only, so a reply does not depend on which other prompts shared
 /// its batch.
-pub fn sample_batch<B: Backend>(
-    model: &PolicyModel<B>,
+pub fn sample_batch<B: Backend, M: CausalLm<B>, R: ReplyRule>(
+    model: &M,
     prompts: &[&[u32]],
-    grammar: &AnswerGrammar,
-    temperature: f32,
+    grammar: &R,
+    temperature: impl Into<Sampling>,
     max_new_tokens: usize,
     rngs: &mut [SeedRng],
     device: &B::Device,
@@ -64,17 +143,18 @@ pub fn sample_batch<B: Backend>(
 /// running the whole sequence through the model at every step (what the KV
 /// cache saves; the policy benchmark measures it).
 #[allow(clippy::too_many_arguments)]
-pub fn sample_batch_with<B: Backend>(
-    model: &PolicyModel<B>,
+pub fn sample_batch_with<B: Backend, M: CausalLm<B>, R: ReplyRule>(
+    model: &M,
     prompts: &[&[u32]],
-    grammar: &AnswerGrammar,
-    temperature: f32,
+    grammar: &R,
+    temperature: impl Into<Sampling>,
     max_new_tokens: usize,
     rngs: &mut [SeedRng],
     device: &B::Device,
     use_cache: bool,
 ) -> Vec<Sampled> {
     let b = prompts.len();
+    let sampling = temperature.into();
     assert_eq!(rngs.len(), b, "one random stream per prompt");
     assert!(prompts.iter().all(|p| !p.is_empty()), "every prompt has at least one token (the pre-fill)");
     let Prefilled { mut ids, shared, pad, mut cache, mut last } = prefill(model, prompts, device);
@@ -84,16 +164,16 @@ pub fn sample_batch_with<B: Backend>(
         let mut fed = vec![0i64; b];
         let mut running = false;
         for r in 0..b {
-            if states[r] == GrammarState::Done {
+            if grammar.is_done(states[r]) {
                 continue;
             }
-            let dist = masked_log_distribution(&last[r], grammar.allowed(states[r]), temperature);
-            let token = draw(&dist, &mut rngs[r]);
+            let dist = log_distribution(&last[r], grammar.allowed(states[r]), sampling.temperature);
+            let token = draw(&narrowed(&dist, sampling), &mut rngs[r]);
             out[r].tokens.push(token);
             out[r].logprobs.push(dist[token as usize]);
-            states[r] = grammar.advance(states[r], token).expect("sampled tokens are allowed");
+            states[r] = grammar.advance(states[r], token);
             fed[r] = token as i64;
-            running |= states[r] != GrammarState::Done;
+            running |= !grammar.is_done(states[r]);
         }
         if !running || step + 1 == max_new_tokens {
             break;
@@ -113,7 +193,7 @@ pub fn sample_batch_with<B: Backend>(
         last = last_rows(logits);
     }
     for (o, s) in out.iter_mut().zip(&states) {
-        o.complete = *s == GrammarState::Done;
+        o.complete = grammar.is_done(*s);
     }
     out
 }
@@ -137,7 +217,7 @@ struct Prefilled<B: Backend> {
 /// row; then each row's own tokens, left-padded after the prefix to the
 /// longest. Every row keeps at least one token of its own, whose logits
 /// start its reply.
-fn prefill<B: Backend>(model: &PolicyModel<B>, prompts: &[&[u32]], device: &B::Device) -> Prefilled<B> {
+fn prefill<B: Backend, M: CausalLm<B>>(model: &M, prompts: &[&[u32]], device: &B::Device) -> Prefilled<B> {
     let b = prompts.len();
     let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(1);
     let shared = (0..shortest - 1).take_while(|&i| prompts.iter().all(|p| p[i] == prompts[0][i])).count();
@@ -167,6 +247,36 @@ fn prefill<B: Backend>(model: &PolicyModel<B>, prompts: &[&[u32]], device: &B::D
     Prefilled { ids, shared, pad, cache, last: last_rows(logits) }
 }
 
+/// `dist` with everything outside the top-k and the top-p nucleus removed
+/// (and renormalised); `dist` itself when both are off.
+fn narrowed(dist: &[f32], sampling: Sampling) -> std::borrow::Cow<'_, [f32]> {
+    if sampling.top_k == 0 && sampling.top_p >= 1.0 {
+        return std::borrow::Cow::Borrowed(dist);
+    }
+    let mut order: Vec<usize> = (0..dist.len()).filter(|&i| dist[i] > f32::NEG_INFINITY).collect();
+    order.sort_by(|&a, &b| dist[b].total_cmp(&dist[a]).then(a.cmp(&b)));
+    if sampling.top_k > 0 {
+        order.truncate(sampling.top_k);
+    }
+    let mut mass = 0.0;
+    let keep = order
+        .iter()
+        .take_while(|&&i| {
+            let inside = mass < sampling.top_p;
+            mass += dist[i].exp();
+            inside
+        })
+        .count()
+        .max(1);
+    order.truncate(keep);
+    let total: f32 = order.iter().map(|&i| dist[i].exp()).sum();
+    let mut out = vec![f32::NEG_INFINITY; dist.len()];
+    for &i in &order {
+        out[i] = dist[i] - total.ln();
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Inverse-CDF draw over the allowed tokens of a log-distribution.
 fn draw(dist: &[f32], rng: &mut SeedRng) -> u32 {
     let mut u = rng.unit() as f32;
@@ -181,7 +291,7 @@ fn draw(dist: &[f32], rng: &mut SeedRng) -> u32 {
             break;
         }
     }
-    pick.expect("the grammar always allows a token before it is done") as u32
+    pick.expect("a reply rule always allows a token before it is done") as u32
 }
 
 /// The logits of every row's last position of a `[b, t, v]` tensor.

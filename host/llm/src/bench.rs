@@ -1,0 +1,137 @@
+//! A pretrained model's speed and memory on one machine: prefill, batched
+//! KV-cache sampling and training forward+backward, in tokens per second,
+//! and the process's peak resident memory. `ragen-host bench --policy
+//! --model` reports it; `scripts/reference/llm_bench.py` measures PyTorch
+//! `transformers` on the same shapes, for the ratio.
+
+use crate::model::Llm;
+use crate::policy::StopRule;
+use burn::module::AutodiffModule;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use ragen_env_sdk::SeedRng;
+use ragen_policy::{Sampling, sample_batch};
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct LlmBenchConfig {
+    /// One prompt per row of the prefill and sampling batches.
+    pub prompts: Vec<Vec<u32>>,
+    /// New tokens per sampled reply (no stop token ends one early).
+    pub new_tokens: usize,
+    /// Training passes: `train_rows` sequences of `train_len` tokens.
+    pub train_rows: usize,
+    pub train_len: usize,
+    /// Each measurement repeats for at least this long.
+    pub min_time: Duration,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LlmBenchReport {
+    pub batch: usize,
+    pub prompt_tokens: usize,
+    pub prefill_tokens_per_s: f64,
+    pub new_tokens: usize,
+    /// New tokens per second, all rows together, KV cache on.
+    pub sample_tokens_per_s: f64,
+    pub train_rows: usize,
+    pub train_len: usize,
+    pub train_tokens_per_s: f64,
+    /// Peak resident memory of the process (`VmHWM`), MiB.
+    pub peak_rss_mib: f64,
+}
+
+/// Repeat `f` (which returns the tokens it handled) for `min_time`, after
+/// one warm-up run.
+fn rate(min_time: Duration, mut f: impl FnMut() -> usize) -> f64 {
+    f();
+    let (start, mut tokens, mut runs) = (Instant::now(), 0usize, 0);
+    while runs < 2 || start.elapsed() < min_time {
+        tokens += f();
+        runs += 1;
+    }
+    tokens as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Measure `model` (an autodiff model, for the backward pass; prefill and
+/// sampling run on its inner backend, as inference does).
+pub fn bench_llm<B: AutodiffBackend>(model: &Llm<B>, config: &LlmBenchConfig, device: &B::Device) -> LlmBenchReport {
+    let inference = model.clone().valid();
+    let inner_device = device.clone();
+    let b = config.prompts.len();
+    assert!(b > 0, "at least one prompt");
+    let longest = config.prompts.iter().map(Vec::len).max().unwrap_or(0);
+    // Prefill: every prompt padded on the right to the longest, one pass.
+    let ids: Vec<i64> = config.prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64).chain(std::iter::repeat(0)).take(longest)).collect();
+    let prefill = rate(config.min_time, || {
+        let tokens = Tensor::<B::InnerBackend, 2, Int>::from_data(TensorData::new(ids.clone(), [b, longest]), &inner_device);
+        let (logits, _) = inference.forward(tokens);
+        let _ = logits.narrow(1, longest - 1, 1).into_data();
+        b * longest
+    });
+    let never = StopRule::never();
+    let mut stream = 0;
+    let sample = rate(config.min_time, || {
+        let prompts: Vec<&[u32]> = config.prompts.iter().map(Vec::as_slice).collect();
+        let mut rngs: Vec<SeedRng> = (0..b)
+            .map(|_| {
+                stream += 1;
+                SeedRng::stream(7, stream)
+            })
+            .collect();
+        let out = sample_batch(&inference, &prompts, &never, Sampling::from(1.0), config.new_tokens, &mut rngs, &inner_device);
+        out.iter().map(|s| s.tokens.len()).sum()
+    });
+    let vocab = model.vocab_size() as u64;
+    let mut rng = SeedRng::new(3);
+    let train_ids: Vec<i64> = (0..config.train_rows * config.train_len).map(|_| (rng.next_u64() % vocab) as i64).collect();
+    let train = rate(config.min_time, || {
+        let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(train_ids.clone(), [config.train_rows, config.train_len]), device);
+        let (logits, values) = model.forward(tokens); // [r, l, v], [r, l]
+        let loss = burn::tensor::activation::log_softmax(logits, 2).mean() + values.mean();
+        let _grads = loss.backward();
+        config.train_rows * config.train_len
+    });
+    LlmBenchReport {
+        batch: b,
+        prompt_tokens: longest,
+        prefill_tokens_per_s: prefill,
+        new_tokens: config.new_tokens,
+        sample_tokens_per_s: sample,
+        train_rows: config.train_rows,
+        train_len: config.train_len,
+        train_tokens_per_s: train,
+        peak_rss_mib: peak_rss_mib().unwrap_or(f64::NAN),
+    }
+}
+
+/// `VmHWM` from `/proc/self/status`, in MiB.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+impl LlmBenchReport {
+    pub fn to_text(&self) -> String {
+        format!(
+            "pretrained model: batch {}, prompts of {} tokens, {} new tokens each, training {} x {} tokens\n\
+             prefill                       {:>10.0} tokens/s\n\
+             sample, KV cache, batched     {:>10.0} tokens/s\n\
+             train (forward + backward)    {:>10.0} tokens/s\n\
+             peak resident memory          {:>10.0} MiB\n",
+            self.batch,
+            self.prompt_tokens,
+            self.new_tokens,
+            self.train_rows,
+            self.train_len,
+            self.prefill_tokens_per_s,
+            self.sample_tokens_per_s,
+            self.train_tokens_per_s,
+            self.peak_rss_mib,
+        )
+    }
+}

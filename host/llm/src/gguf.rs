@@ -1,0 +1,594 @@
+//! GGUF files: the header, the metadata, the tensor directory, and each
+//! tensor's bytes dequantised to `f32`.
+//!
+//! Hand-written on purpose. The format is a short, stable header (a magic,
+//! typed key-value pairs, then a tensor directory) followed by aligned raw
+//! blocks; the one maintained Rust reader (candle-core's `gguf_file`) comes
+//! with a second tensor library and its matrix kernels, which would add
+//! minutes to every cold build on CI's two cores for a few hundred lines of
+//! parsing. The block layouts below follow ggml's `ggml-quants.c`; the tests
+//! check them against the `gguf` Python package's dequantiser on a fixture
+//! (`scripts/reference/gguf_blocks.json`).
+//!
+//! A [`GgufWriter`] writes the same format (F32, F16, Q8_0 and Q4_1), so the
+//! loading tests can make tiny models without downloading any.
+
+use anyhow::{Context, Result, bail, ensure};
+use half::{bf16, f16};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// A metadata value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    U64(u64),
+    I64(i64),
+    F64(f64),
+    Bool(bool),
+    Str(String),
+    Array(Vec<Value>),
+}
+
+impl Value {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::U64(v) => Some(v),
+            Value::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::F64(v) => Some(v),
+            Value::U64(v) => Some(v as f64),
+            Value::I64(v) => Some(v as f64),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// A tensor's element type, as ggml numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    Q4K,
+    Q6K,
+}
+
+impl TensorType {
+    fn from_id(id: u32) -> Option<Self> {
+        Some(match id {
+            0 => Self::F32,
+            1 => Self::F16,
+            2 => Self::Q4_0,
+            3 => Self::Q4_1,
+            8 => Self::Q8_0,
+            12 => Self::Q4K,
+            14 => Self::Q6K,
+            30 => Self::BF16,
+            _ => return None,
+        })
+    }
+
+    fn id(self) -> u32 {
+        match self {
+            Self::F32 => 0,
+            Self::F16 => 1,
+            Self::Q4_0 => 2,
+            Self::Q4_1 => 3,
+            Self::Q8_0 => 8,
+            Self::Q4K => 12,
+            Self::Q6K => 14,
+            Self::BF16 => 30,
+        }
+    }
+
+    /// (values per block, bytes per block).
+    fn block(self) -> (usize, usize) {
+        match self {
+            Self::F32 => (1, 4),
+            Self::F16 | Self::BF16 => (1, 2),
+            Self::Q4_0 => (32, 18),
+            Self::Q4_1 => (32, 20),
+            Self::Q8_0 => (32, 34),
+            Self::Q4K => (256, 144),
+            Self::Q6K => (256, 210),
+        }
+    }
+
+    /// Bytes that `n` values take.
+    pub fn bytes_for(self, n: usize) -> Option<usize> {
+        let (per, bytes) = self.block();
+        n.is_multiple_of(per).then_some(n / per * bytes)
+    }
+}
+
+/// ggml's names for the types we do not read, for error messages.
+fn unsupported_type_name(id: u32) -> String {
+    let names = [
+        (6, "Q5_0"),
+        (7, "Q5_1"),
+        (9, "Q8_1"),
+        (10, "Q2_K"),
+        (11, "Q3_K"),
+        (13, "Q5_K"),
+        (15, "Q8_K"),
+        (16, "IQ2_XXS"),
+        (17, "IQ2_XS"),
+        (18, "IQ3_XXS"),
+        (19, "IQ1_S"),
+        (20, "IQ4_NL"),
+        (21, "IQ3_S"),
+        (22, "IQ2_S"),
+        (23, "IQ4_XS"),
+        (24, "I8"),
+        (25, "I16"),
+        (26, "I32"),
+        (27, "I64"),
+        (28, "F64"),
+        (29, "IQ1_M"),
+    ];
+    names.iter().find(|(i, _)| *i == id).map_or_else(|| format!("type {id}"), |(_, n)| n.to_string())
+}
+
+/// Where one tensor lies in the file.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    /// ggml's dimensions, fastest-varying first: a `[rows, cols]` matrix is
+    /// `[cols, rows]` here.
+    pub dims: Vec<u64>,
+    pub kind: Result<TensorType, u32>,
+    /// From the start of the data section.
+    pub offset: u64,
+}
+
+impl TensorInfo {
+    pub fn len(&self) -> usize {
+        self.dims.iter().product::<u64>() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The dimensions in row-major order (`[rows, cols]`), as PyTorch and
+    /// Burn write them.
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+/// A GGUF file read into memory.
+pub struct Gguf {
+    pub path: PathBuf,
+    pub version: u32,
+    pub metadata: BTreeMap<String, Value>,
+    pub tensors: BTreeMap<String, TensorInfo>,
+    bytes: Vec<u8>,
+    data_start: usize,
+}
+
+impl std::fmt::Debug for Gguf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gguf").field("path", &self.path).field("version", &self.version).field("tensors", &self.tensors.len()).finish()
+    }
+}
+
+/// A cursor over the header that names what it was reading when the file
+/// ran out.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            bail!(
+                "the file ends at byte {} while reading {what} (it needs {n} more bytes): it is truncated; download it again",
+                self.bytes.len()
+            )
+        };
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8 bytes")))
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let len = self.u64(what)?;
+        ensure!(len <= 1 << 30, "{what}: a string of {len} bytes is not plausible; the file is damaged");
+        let bytes = self.take(len as usize, what)?;
+        String::from_utf8(bytes.to_vec()).with_context(|| format!("{what} is not UTF-8; the file is damaged"))
+    }
+
+    fn value(&mut self, kind: u32, what: &str) -> Result<Value> {
+        Ok(match kind {
+            0 => Value::U64(self.take(1, what)?[0] as u64),
+            1 => Value::I64(self.take(1, what)?[0] as i8 as i64),
+            2 => Value::U64(u16::from_le_bytes(self.take(2, what)?.try_into().expect("2")) as u64),
+            3 => Value::I64(i16::from_le_bytes(self.take(2, what)?.try_into().expect("2")) as i64),
+            4 => Value::U64(self.u32(what)? as u64),
+            5 => Value::I64(self.u32(what)? as i32 as i64),
+            6 => Value::F64(f32::from_bits(self.u32(what)?) as f64),
+            7 => Value::Bool(self.take(1, what)?[0] != 0),
+            8 => Value::Str(self.string(what)?),
+            9 => {
+                let inner = self.u32(what)?;
+                let len = self.u64(what)?;
+                ensure!(
+                    len <= (self.bytes.len() - self.at) as u64,
+                    "{what}: an array of {len} items cannot fit in the file; it is damaged"
+                );
+                Value::Array((0..len).map(|_| self.value(inner, what)).collect::<Result<_>>()?)
+            }
+            10 => Value::U64(self.u64(what)?),
+            11 => Value::I64(self.u64(what)? as i64),
+            12 => Value::F64(f64::from_bits(self.u64(what)?)),
+            other => bail!("{what} has value type {other}, which GGUF does not define; the file is damaged"),
+        })
+    }
+}
+
+impl Gguf {
+    /// Read the whole file and parse its header.
+    pub fn open(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).with_context(|| format!("cannot read the model file {}", path.display()))?;
+        Self::parse(path, bytes).with_context(|| format!("{} is not a usable GGUF file", path.display()))
+    }
+
+    fn parse(path: &Path, bytes: Vec<u8>) -> Result<Self> {
+        let mut r = Reader { bytes: &bytes, at: 0 };
+        let magic = r.take(4, "the magic number")?;
+        ensure!(
+            magic == MAGIC,
+            "it starts with {magic:?}, not GGUF's magic \"GGUF\": pass a .gguf file, or a Hugging Face model directory (config.json and *.safetensors)"
+        );
+        let version = r.u32("the version")?;
+        ensure!((2..=3).contains(&version), "GGUF version {version} is not supported (2 and 3 are)");
+        let n_tensors = r.u64("the tensor count")?;
+        let n_kv = r.u64("the metadata count")?;
+        let mut metadata = BTreeMap::new();
+        for i in 0..n_kv {
+            let key = r.string(&format!("metadata key {i}"))?;
+            let kind = r.u32(&format!("the type of metadata {key:?}"))?;
+            let value = r.value(kind, &format!("metadata {key:?}"))?;
+            metadata.insert(key, value);
+        }
+        let mut tensors = BTreeMap::new();
+        for i in 0..n_tensors {
+            let name = r.string(&format!("the name of tensor {i}"))?;
+            let n_dims = r.u32(&format!("tensor {name:?}'s rank"))?;
+            ensure!(n_dims <= 4, "tensor {name:?} has {n_dims} dimensions (at most 4); the file is damaged");
+            let dims = (0..n_dims).map(|_| r.u64(&format!("tensor {name:?}'s dimensions"))).collect::<Result<Vec<_>>>()?;
+            let id = r.u32(&format!("tensor {name:?}'s type"))?;
+            let offset = r.u64(&format!("tensor {name:?}'s offset"))?;
+            tensors.insert(name, TensorInfo { dims, kind: TensorType::from_id(id).ok_or(id), offset });
+        }
+        let alignment = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(DEFAULT_ALIGNMENT).max(1);
+        let data_start = r.at.div_ceil(alignment as usize) * alignment as usize;
+        Ok(Self { path: path.to_path_buf(), version, metadata, tensors, bytes, data_start })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    /// A tensor's values as `f32`, row-major in [`TensorInfo::shape`].
+    pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let info = self.tensors.get(name).with_context(|| {
+            format!(
+                "tensor {name:?} is missing from {}: the file is not a complete model of its architecture (was it converted by a recent llama.cpp?)",
+                self.path.display()
+            )
+        })?;
+        let kind = info.kind.map_err(|id| {
+            anyhow::anyhow!(
+                "tensor {name:?} in {} is stored as {}, which we cannot dequantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K are read): \
+                 convert the model with one of those, e.g. llama.cpp's `llama-quantize model.gguf out.gguf Q8_0`",
+                self.path.display(),
+                unsupported_type_name(id)
+            )
+        })?;
+        let n = info.len();
+        let size = kind
+            .bytes_for(n)
+            .with_context(|| format!("tensor {name:?} has {n} values, not a whole number of {kind:?} blocks; the file is damaged"))?;
+        let start = self.data_start as u64 + info.offset;
+        let end = start + size as u64;
+        ensure!(
+            end <= self.bytes.len() as u64,
+            "tensor {name:?} lies at bytes {start}..{end} but {} has only {} bytes: it is truncated; download it again",
+            self.path.display(),
+            self.bytes.len()
+        );
+        Ok(dequantize(kind, &self.bytes[start as usize..end as usize], n))
+    }
+}
+
+/// Bytes of `n` values of type `kind` to `f32`.
+pub fn dequantize(kind: TensorType, bytes: &[u8], n: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n);
+    let (per, size) = kind.block();
+    for block in bytes.chunks_exact(size) {
+        match kind {
+            TensorType::F32 => out.push(f32::from_le_bytes(block.try_into().expect("4"))),
+            TensorType::F16 => out.push(half16(block)),
+            TensorType::BF16 => out.push(bf16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32()),
+            TensorType::Q8_0 => {
+                let d = half16(block);
+                out.extend(block[2..].iter().map(|&q| d * q as i8 as f32));
+            }
+            TensorType::Q4_0 => {
+                let d = half16(block);
+                let qs = &block[2..];
+                out.extend(qs.iter().map(|&q| d * ((q & 0xF) as f32 - 8.0)));
+                out.extend(qs.iter().map(|&q| d * ((q >> 4) as f32 - 8.0)));
+            }
+            TensorType::Q4_1 => {
+                let (d, m) = (half16(block), half16(&block[2..]));
+                let qs = &block[4..];
+                out.extend(qs.iter().map(|&q| d * (q & 0xF) as f32 + m));
+                out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
+            }
+            TensorType::Q4K => dequantize_q4k(block, &mut out),
+            TensorType::Q6K => dequantize_q6k(block, &mut out),
+        }
+    }
+    debug_assert_eq!(out.len(), bytes.len() / size * per);
+    out
+}
+
+fn half16(b: &[u8]) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
+/// Q4_K: 256 values as 8 sub-blocks of 32, each with a 6-bit scale and
+/// minimum packed into 12 bytes, times the block's `d` and `dmin`.
+fn dequantize_q4k(block: &[u8], out: &mut Vec<f32>) {
+    let (d, dmin) = (half16(block), half16(&block[2..]));
+    let scales = &block[4..16];
+    let qs = &block[16..144];
+    let scale_min = |j: usize| -> (f32, f32) {
+        if j < 4 {
+            ((scales[j] & 63) as f32, (scales[j + 4] & 63) as f32)
+        } else {
+            let sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
+            let m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+            (sc as f32, m as f32)
+        }
+    };
+    for (chunk, q) in qs.chunks_exact(32).enumerate() {
+        let (s1, m1) = scale_min(2 * chunk);
+        let (s2, m2) = scale_min(2 * chunk + 1);
+        out.extend(q.iter().map(|&x| d * s1 * (x & 0xF) as f32 - dmin * m1));
+        out.extend(q.iter().map(|&x| d * s2 * (x >> 4) as f32 - dmin * m2));
+    }
+}
+
+/// Q6_K: 256 six-bit values (low 4 bits in `ql`, high 2 in `qh`) in 16
+/// groups of 16 with an 8-bit scale each, times the block's `d`.
+fn dequantize_q6k(block: &[u8], out: &mut Vec<f32>) {
+    let (ql, qh) = (&block[..128], &block[128..192]);
+    let sc: Vec<f32> = block[192..208].iter().map(|&s| s as i8 as f32).collect();
+    let d = half16(&block[208..]);
+    for half in 0..2 {
+        let (ql, qh, sc) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..]);
+        let mut y = [0f32; 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            y[l] = d * sc[is] * q1 as f32;
+            y[l + 32] = d * sc[is + 2] * q2 as f32;
+            y[l + 64] = d * sc[is + 4] * q3 as f32;
+            y[l + 96] = d * sc[is + 6] * q4 as f32;
+        }
+        out.extend_from_slice(&y);
+    }
+}
+
+/// `f32` values quantised to `kind` (F32, F16, Q8_0 or Q4_1), as llama.cpp's
+/// reference quantisers do.
+pub fn quantize(kind: TensorType, values: &[f32]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    match kind {
+        TensorType::F32 => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
+        TensorType::F16 => values.iter().for_each(|v| out.extend(f16::from_f32(*v).to_le_bytes())),
+        TensorType::Q8_0 | TensorType::Q4_1 => {
+            ensure!(values.len().is_multiple_of(32), "{kind:?} needs a multiple of 32 values, not {}", values.len());
+            for block in values.chunks_exact(32) {
+                if kind == TensorType::Q8_0 {
+                    let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let d = amax / 127.0;
+                    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend(f16::from_f32(d).to_le_bytes());
+                    out.extend(block.iter().map(|v| (v * inv).round() as i8 as u8));
+                } else {
+                    let min = block.iter().copied().fold(f32::INFINITY, f32::min);
+                    let max = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let d = (max - min) / 15.0;
+                    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend(f16::from_f32(d).to_le_bytes());
+                    out.extend(f16::from_f32(min).to_le_bytes());
+                    let q = |v: f32| (((v - min) * inv + 0.5) as u8).min(15);
+                    out.extend((0..16).map(|j| q(block[j]) | (q(block[j + 16]) << 4)));
+                }
+            }
+        }
+        other => bail!("writing {other:?} is not supported (F32, F16, Q8_0 and Q4_1 are)"),
+    }
+    Ok(out)
+}
+
+/// Writes a GGUF (version 3) file: metadata, then tensors.
+#[derive(Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, Value)>,
+    /// Name, ggml dimensions, ggml type id, bytes.
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+}
+
+impl GgufWriter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn meta(&mut self, key: &str, value: Value) -> &mut Self {
+        self.metadata.push((key.to_string(), value));
+        self
+    }
+
+    /// A tensor of row-major `shape`, stored as `kind`.
+    pub fn tensor(&mut self, name: &str, shape: &[usize], kind: TensorType, values: &[f32]) -> Result<&mut Self> {
+        ensure!(shape.iter().product::<usize>() == values.len(), "tensor {name:?}: shape {shape:?} does not hold {} values", values.len());
+        let dims = shape.iter().rev().map(|&d| d as u64).collect();
+        self.tensors.push((name.to_string(), dims, kind.id(), quantize(kind, values)?));
+        Ok(self)
+    }
+
+    /// Drop a tensor (to make a damaged file in a test).
+    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
+        self.tensors.retain(|t| t.0 != name);
+        self
+    }
+
+    /// Relabel a tensor's type id, bytes unchanged (to make a damaged file
+    /// in a test).
+    pub fn retype_tensor(&mut self, name: &str, type_id: u32) -> &mut Self {
+        self.tensors.iter_mut().filter(|t| t.0 == name).for_each(|t| t.2 = type_id);
+        self
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend(MAGIC);
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend((self.metadata.len() as u64).to_le_bytes());
+        for (key, value) in &self.metadata {
+            write_string(&mut out, key);
+            write_value(&mut out, value, true);
+        }
+        let mut offset = 0u64;
+        for (name, dims, kind, data) in &self.tensors {
+            write_string(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
+            out.extend(kind.to_le_bytes());
+            out.extend(offset.to_le_bytes());
+            offset = (offset + data.len() as u64).div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
+        }
+        for (_, _, _, data) in &self.tensors {
+            out.resize(out.len().div_ceil(DEFAULT_ALIGNMENT as usize) * DEFAULT_ALIGNMENT as usize, 0);
+            out.extend(data);
+        }
+        out
+    }
+}
+
+fn write_string(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+/// Integers are written as u32/i32 (GGUF's usual choice), floats as f32.
+fn write_value(out: &mut Vec<u8>, value: &Value, with_type: bool) {
+    let kind: u32 = match value {
+        Value::U64(_) => 4,
+        Value::I64(_) => 5,
+        Value::F64(_) => 6,
+        Value::Bool(_) => 7,
+        Value::Str(_) => 8,
+        Value::Array(_) => 9,
+    };
+    if with_type {
+        out.extend(kind.to_le_bytes());
+    }
+    match value {
+        Value::U64(v) => out.extend((*v as u32).to_le_bytes()),
+        Value::I64(v) => out.extend((*v as i32).to_le_bytes()),
+        Value::F64(v) => out.extend((*v as f32).to_le_bytes()),
+        Value::Bool(v) => out.push(*v as u8),
+        Value::Str(s) => write_string(out, s),
+        Value::Array(items) => {
+            let inner = items.first().map_or(8, |first| match first {
+                Value::U64(_) => 4,
+                Value::I64(_) => 5,
+                Value::F64(_) => 6,
+                Value::Bool(_) => 7,
+                Value::Str(_) => 8,
+                Value::Array(_) => 9,
+            });
+            out.extend((inner as u32).to_le_bytes());
+            out.extend((items.len() as u64).to_le_bytes());
+            items.iter().for_each(|item| write_value(out, item, false));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_0_and_q4_1_round_trip_within_their_step() {
+        let values: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 30.0) / 17.0).collect();
+        for (kind, step) in [(TensorType::Q8_0, 3.6 / 127.0), (TensorType::Q4_1, 3.8 / 15.0)] {
+            let back = dequantize(kind, &quantize(kind, &values).unwrap(), values.len());
+            for (a, b) in values.iter().zip(&back) {
+                assert!((a - b).abs() <= step * 0.51 + 1e-3, "{kind:?}: {a} came back as {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_written_file_reads_back() {
+        let mut w = GgufWriter::new();
+        w.meta("general.architecture", Value::Str("llama".into()))
+            .meta("llama.block_count", Value::U64(2))
+            .meta("tokenizer.ggml.tokens", Value::Array(vec![Value::Str("a".into()), Value::Str("b".into())]));
+        let values: Vec<f32> = (0..96).map(|i| i as f32 / 10.0).collect();
+        w.tensor("w", &[3, 32], TensorType::F32, &values).unwrap();
+        w.tensor("q", &[3, 32], TensorType::Q8_0, &values).unwrap();
+        let g = Gguf::parse(Path::new("test.gguf"), w.to_bytes()).unwrap();
+        assert_eq!(g.get("llama.block_count").and_then(Value::as_u64), Some(2));
+        assert_eq!(g.tensors["w"].shape(), vec![3, 32]);
+        assert_eq!(g.tensor_f32("w").unwrap(), values);
+        let q = g.tensor_f32("q").unwrap();
+        assert!(q.iter().zip(&values).all(|(a, b)| (a - b).abs() < 0.05));
+    }
+}

@@ -1,0 +1,209 @@
+//! The decoder of the Llama and Qwen2 families in Burn: RMSNorm, rotary
+//! positions with the model's θ, grouped-query attention and a SwiGLU MLP,
+//! plus a value head on the last hidden state for the critic.
+//!
+//! Shapes are named in comments: `b` batch, `t` new positions, `p`
+//! positions seen so far (cache included), `d` model width, `h` query heads,
+//! `g` key/value heads, `k` head width, `f` MLP width, `v` vocabulary.
+
+use crate::config::LlmConfig;
+use burn::module::Param;
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::prelude::*;
+use burn::tensor::activation::silu;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use ragen_policy::{CausalLm, KvCache, PolicyNetwork, Rotation};
+
+/// A pretrained causal language model with a value head.
+#[derive(Module, Debug)]
+pub struct Llm<B: Backend> {
+    /// `None` when the embedding is tied to the output layer: token `i`'s
+    /// embedding is then column `i` of `lm_head`'s weight `[d, v]`, one
+    /// parameter for both, laid out for the (far larger) output product.
+    pub(crate) embed: Option<Embedding<B>>,
+    pub(crate) layers: Vec<DecoderLayer<B>>,
+    pub(crate) norm: RmsNorm<B>,
+    pub(crate) lm_head: Linear<B>,
+    pub(crate) value_head: Linear<B>,
+    /// Rotary frequencies, one per channel pair of a head (from the
+    /// config, not a weight: not saved with the record).
+    #[module(skip)]
+    pub(crate) inv_freq: Vec<f32>,
+    pub(crate) n_heads: usize,
+    pub(crate) n_kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) max_seq_len: usize,
+}
+
+/// One pre-norm decoder layer.
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    pub(crate) attn_norm: RmsNorm<B>,
+    pub(crate) q: Linear<B>,
+    pub(crate) k: Linear<B>,
+    pub(crate) v: Linear<B>,
+    pub(crate) o: Linear<B>,
+    pub(crate) mlp_norm: RmsNorm<B>,
+    pub(crate) gate: Linear<B>,
+    pub(crate) up: Linear<B>,
+    pub(crate) down: Linear<B>,
+}
+
+impl LlmConfig {
+    /// A randomly initialised model of this shape (the loaders replace
+    /// every weight; the value head keeps this small initialisation).
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Llm<B> {
+        let (d, k) = (self.hidden_size, self.head_dim);
+        let linear = |i: usize, o: usize, bias: bool| LinearConfig::new(i, o).with_bias(bias).init(device);
+        let norm = || RmsNormConfig::new(d).with_epsilon(self.rms_norm_eps).init(device);
+        let layers = (0..self.n_layers)
+            .map(|_| DecoderLayer {
+                attn_norm: norm(),
+                q: linear(d, self.n_heads * k, self.attention_bias),
+                k: linear(d, self.n_kv_heads * k, self.attention_bias),
+                v: linear(d, self.n_kv_heads * k, self.attention_bias),
+                o: linear(self.n_heads * k, d, false),
+                mlp_norm: norm(),
+                gate: linear(d, self.intermediate_size, false),
+                up: linear(d, self.intermediate_size, false),
+                down: linear(self.intermediate_size, d, false),
+            })
+            .collect();
+        Llm {
+            embed: (!self.tie_word_embeddings).then(|| EmbeddingConfig::new(self.vocab_size, d).init(device)),
+            layers,
+            norm: norm(),
+            lm_head: linear(d, self.vocab_size, false),
+            value_head: small_value_head(d, device),
+            inv_freq: self.inv_frequencies(),
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: k,
+            max_seq_len: self.max_position_embeddings,
+        }
+    }
+}
+
+/// The critic's head starts near zero (weights `N(0, 0.01²)`-sized, no
+/// bias drift), so early values do not swamp the advantages.
+fn small_value_head<B: Backend>(d: usize, device: &B::Device) -> Linear<B> {
+    let head: Linear<B> = LinearConfig::new(d, 1).init(device);
+    let scale = 0.01 * (d as f64).sqrt();
+    Linear { weight: Param::from_tensor(head.weight.val() * scale), bias: Some(Param::from_tensor(Tensor::zeros([1], device))) }
+}
+
+impl<B: Backend> Llm<B> {
+    pub fn vocab_size(&self) -> usize {
+        self.lm_head.weight.dims()[1]
+    }
+
+    /// Tokens `[b, t]` to their embeddings `[b, t, d]`.
+    fn embed_tokens(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        match &self.embed {
+            Some(embed) => embed.forward(tokens),
+            None => {
+                let [b, t] = tokens.dims();
+                let columns = self.lm_head.weight.val().select(1, tokens.reshape([b * t])); // [d, b·t]
+                let d = columns.dims()[0];
+                columns.transpose().reshape([b, t, d])
+            }
+        }
+    }
+
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The whole sequence at once: tokens `[b, t]` to logits `[b, t, v]` and
+    /// values `[b, t]`.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        let mut cache = KvCache::new(self.layers.len());
+        self.forward_cached(tokens, &mut cache)
+    }
+
+    /// The next `t` tokens after what `cache` holds.
+    pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        let [b, t] = tokens.dims();
+        assert!(
+            cache.len() + t <= self.max_seq_len,
+            "a sequence of {} tokens is longer than the model's context of {}",
+            cache.len() + t,
+            self.max_seq_len
+        );
+        let device = tokens.device();
+        let (positions, padding) = cache.positions_and_padding(b, t, &device);
+        let rotation = Rotation::new(&positions, [b, t], &self.inv_freq, &device);
+        let mut x = self.embed_tokens(tokens); // [b, t, d]
+        for (layer, layer_cache) in self.layers.iter().zip(cache.layers_mut()) {
+            x = layer.forward(x, layer_cache, padding.clone(), &rotation, [self.n_heads, self.n_kv_heads, self.head_dim]);
+        }
+        cache.advance(t);
+        let x = self.norm.forward(x);
+        let logits = self.lm_head.forward(x.clone()); // [b, t, v]
+        let values = self.value_head.forward(x).reshape([b, t]);
+        (logits, values)
+    }
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// x `[b, t, d]`; the cache holds keys and values `[b, g, p, k]`, already
+    /// rotated; `padding` `[b, 1, t, p]` hides padded keys.
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+        padding: Option<Tensor<B, 4, Bool>>,
+        rotation: &Rotation<B>,
+        [h, g, k]: [usize; 3],
+    ) -> Tensor<B, 3> {
+        let [b, t, _] = x.dims();
+        let normed = self.attn_norm.forward(x.clone());
+        let split = |y: Tensor<B, 3>, heads: usize| y.reshape([b, t, heads, k]).swap_dims(1, 2); // [b, heads, t, k]
+        let q = rotation.apply(split(self.q.forward(normed.clone()), h));
+        let k_new = rotation.apply(split(self.k.forward(normed.clone()), g));
+        let v_new = split(self.v.forward(normed), g);
+        let (keys, values) = match cache.take() {
+            Some((kc, vc)) => (Tensor::cat(vec![kc, k_new], 2), Tensor::cat(vec![vc, v_new], 2)), // [b, g, p, k]
+            None => (k_new, v_new),
+        };
+        *cache = Some((keys.clone(), values.clone()));
+        let p = keys.dims()[2];
+        // Each key/value head serves h / g query heads: [b, g, p, k] -> [b, h, p, k].
+        let share = |y: Tensor<B, 4>| if h == g { y } else { y.unsqueeze_dim::<5>(2).expand([b, g, h / g, p, k]).reshape([b, h, p, k]) };
+        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
+        let attended = attention(q, share(keys), share(values), padding.map(|m| m.expand([b, h, t, p])), None, options); // [b, h, t, k]
+        let x = x + self.o.forward(attended.swap_dims(1, 2).reshape([b, t, h * k]));
+        let normed = self.mlp_norm.forward(x.clone());
+        let mlp = self.down.forward(silu(self.gate.forward(normed.clone())) * self.up.forward(normed)); // [b, t, d]
+        x + mlp
+    }
+}
+
+impl<B: Backend> CausalLm<B> for Llm<B> {
+    fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        Llm::forward_cached(self, tokens, cache)
+    }
+}
+
+impl<B: Backend> PolicyNetwork<B> for Llm<B> {
+    fn logits_and_values(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        self.forward(tokens)
+    }
+
+    /// Attention scores `[b, h, l, l]` and logits `[b, l, v]` dominate; keep
+    /// a pass to about 64 Mi floats (256 MiB) of each.
+    fn rows_per_pass(&self, len: usize) -> usize {
+        let scores = self.n_heads * len * len;
+        let logits = self.vocab_size() * len;
+        ((64 << 20) / scores.max(logits).max(1)).max(1)
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+}

@@ -1,0 +1,194 @@
+//! A pretrained model behind the agent loop's `Policy` seam.
+//!
+//! The conversation is rendered by the model's chat template with the
+//! generation prompt, the pre-fill (`<think>` or `<answer>`) follows it, and
+//! the reply is sampled free, as in the paper: no grammar constrains it, a
+//! malformed reply costs the format penalty. A reply ends at the model's
+//! end-of-turn token, once `</answer>` has been written, or at the token
+//! limit.
+
+use crate::chat::ChatMessage;
+use crate::model::Llm;
+use crate::tokenizer::LlmTokenizer;
+use crate::{ChatTemplate, Pretrained};
+use anyhow::Result;
+use burn::prelude::*;
+use ragen_agent::{Context, Policy, Response, Tokenizer};
+use ragen_env_sdk::SeedRng;
+use ragen_policy::{KvCache, ReplyRule, Sampling, sample_batch};
+
+/// Free text that ends at an end-of-turn token or after a stop string.
+#[derive(Clone, Debug)]
+pub struct StopRule {
+    /// Tokens that end the reply (included in it).
+    stop_tokens: Vec<u32>,
+    /// The reply ends once its text contains this.
+    stop_text: Vec<u8>,
+    /// Each token's bytes.
+    token_bytes: Vec<Vec<u8>>,
+}
+
+/// The last bytes of the reply so far (enough to see the stop text arrive
+/// across token boundaries), or done.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StopState {
+    tail: [u8; 16],
+    len: u8,
+    done: bool,
+}
+
+impl StopRule {
+    pub fn new(tokenizer: &LlmTokenizer, stop_text: &str) -> Self {
+        assert!(stop_text.len() <= 16, "stop text of at most 16 bytes");
+        let token_bytes = tokenizer.token_texts().into_iter().map(String::into_bytes).collect();
+        Self { stop_tokens: vec![tokenizer.eos.id], stop_text: stop_text.as_bytes().to_vec(), token_bytes }
+    }
+
+    /// Never stops: replies run to the token limit (for benchmarks).
+    pub fn never() -> Self {
+        Self { stop_tokens: vec![], stop_text: vec![], token_bytes: vec![] }
+    }
+}
+
+impl ReplyRule for StopRule {
+    type State = StopState;
+
+    fn start(&self) -> StopState {
+        StopState { tail: [0; 16], len: 0, done: false }
+    }
+
+    fn allowed(&self, _: StopState) -> Option<&[bool]> {
+        None
+    }
+
+    fn advance(&self, state: StopState, token: u32) -> StopState {
+        if self.stop_tokens.contains(&token) {
+            return StopState { done: true, ..state };
+        }
+        let mut seen = state.tail[..state.len as usize].to_vec();
+        seen.extend(self.token_bytes.get(token as usize).map_or(&[][..], Vec::as_slice));
+        let done = !self.stop_text.is_empty() && seen.windows(self.stop_text.len()).any(|w| w == self.stop_text);
+        let keep = &seen[seen.len().saturating_sub(16)..];
+        let mut tail = [0; 16];
+        tail[..keep.len()].copy_from_slice(keep);
+        StopState { tail, len: keep.len() as u8, done }
+    }
+
+    fn is_done(&self, state: StopState) -> bool {
+        state.done
+    }
+}
+
+/// How replies are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LlmSampling {
+    pub sampling: Sampling,
+    /// The longest reply, in tokens.
+    pub max_new_tokens: usize,
+    /// Replies sampled together in one batch.
+    pub batch: usize,
+}
+
+impl Default for LlmSampling {
+    fn default() -> Self {
+        Self { sampling: Sampling { temperature: 1.0, top_k: 0, top_p: 1.0 }, max_new_tokens: 200, batch: 16 }
+    }
+}
+
+/// A pretrained model writing the agent's replies.
+pub struct LlmPolicy<B: Backend> {
+    pub pretrained: Pretrained<B>,
+    rule: StopRule,
+    config: LlmSampling,
+    seed: u64,
+    /// Replies drawn so far; reply `n` draws from stream `n` of `seed`.
+    drawn: u64,
+    name: String,
+}
+
+impl<B: Backend> LlmPolicy<B> {
+    pub fn new(pretrained: Pretrained<B>, config: LlmSampling, seed: u64) -> Self {
+        let rule = StopRule::new(&pretrained.tokenizer, "</answer>");
+        let name = pretrained.path.file_name().map_or_else(|| "pretrained".into(), |n| n.to_string_lossy().into_owned());
+        Self { pretrained, rule, config, seed, drawn: 0, name }
+    }
+
+    /// The prompt tokens for one context: the chat template's rendering of
+    /// its messages with the generation prompt, then the pre-fill. A prompt
+    /// longer than the model's context keeps its last tokens.
+    pub fn prompt_tokens(&self, c: &Context<'_>) -> Result<Vec<u32>> {
+        let messages: Vec<ChatMessage> = c.messages.iter().map(|m| ChatMessage::new(m.role, m.text)).collect();
+        let text = self.pretrained.template.render(&messages, true)? + c.prefill;
+        let mut ids = self.pretrained.tokenizer.encode(&text);
+        let window = self.pretrained.model.max_seq_len_for_prompts(self.config.max_new_tokens);
+        if ids.len() > window {
+            ids.drain(..ids.len() - window);
+        }
+        Ok(ids)
+    }
+
+    pub fn template(&self) -> &ChatTemplate {
+        &self.pretrained.template
+    }
+}
+
+impl<B: Backend> Policy for LlmPolicy<B> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &self.pretrained.tokenizer
+    }
+
+    fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {
+        let prompts: Vec<Vec<u32>> = contexts.iter().map(|c| self.prompt_tokens(c)).collect::<Result<_>>()?;
+        let mut rngs: Vec<Option<SeedRng>> = (0..contexts.len() as u64).map(|i| Some(SeedRng::stream(self.seed, self.drawn + i))).collect();
+        self.drawn += contexts.len() as u64;
+        // Similar lengths share a batch, so little of it is padding.
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        order.sort_by_key(|&i| prompts[i].len());
+        let mut replies: Vec<Option<Response>> = vec![None; prompts.len()];
+        let eos = self.pretrained.tokenizer.eos.id;
+        for chunk in order.chunks(self.config.batch.max(1)) {
+            let batch: Vec<&[u32]> = chunk.iter().map(|&i| prompts[i].as_slice()).collect();
+            let mut batch_rngs: Vec<SeedRng> = chunk.iter().map(|&i| rngs[i].take().expect("each row once")).collect();
+            let p = &self.pretrained;
+            let sampled =
+                sample_batch(&p.model, &batch, &self.rule, self.config.sampling, self.config.max_new_tokens, &mut batch_rngs, &p.device);
+            for (&i, s) in chunk.iter().zip(sampled) {
+                let shown = s.tokens.strip_suffix(&[eos]).unwrap_or(&s.tokens);
+                replies[i] = Some(Response { text: p.tokenizer.decode(shown), tokens: s.tokens, logprobs: s.logprobs });
+            }
+        }
+        Ok(replies.into_iter().map(|r| r.expect("every context sampled")).collect())
+    }
+}
+
+impl<B: Backend> Llm<B> {
+    /// The longest prompt that leaves room for a reply of `reply` tokens.
+    pub fn max_seq_len_for_prompts(&self, reply: usize) -> usize {
+        self.max_seq_len.saturating_sub(reply).max(1)
+    }
+}
+
+/// Greedy decoding of one prompt: the most likely token each step, until
+/// `eos` (included) or `max_new_tokens`.
+pub fn greedy<B: Backend>(model: &Llm<B>, prompt: &[u32], eos: u32, max_new_tokens: usize, device: &B::Device) -> Vec<u32> {
+    let mut cache = KvCache::new(model.n_layers());
+    let ids: Vec<i64> = prompt.iter().map(|&x| x as i64).collect();
+    let mut input = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, prompt.len()]), device);
+    let mut out = Vec::new();
+    for _ in 0..max_new_tokens {
+        let (logits, _) = model.forward_cached(input, &mut cache);
+        let [_, t, v] = logits.dims();
+        let last = logits.narrow(1, t - 1, 1).reshape([v]).into_data().to_vec::<f32>().expect("f32 logits");
+        let next = last.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0 as u32;
+        out.push(next);
+        if next == eos {
+            break;
+        }
+        input = Tensor::<B, 2, Int>::from_data(TensorData::new(vec![next as i64], [1, 1]), device);
+    }
+    out
+}
