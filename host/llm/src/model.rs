@@ -85,12 +85,12 @@ impl LlmConfig {
     }
 }
 
-/// The critic's head starts near zero (weights `N(0, 0.01²)`-sized, no
-/// bias drift), so early values do not swamp the advantages.
+/// The critic's head starts near zero (weights `N(0, 0.01²)`, bias 0), so
+/// early values do not swamp the advantages. Drawn from the backend's
+/// seeded generator, as every other initial weight.
 fn small_value_head<B: Backend>(d: usize, device: &B::Device) -> Linear<B> {
-    let head: Linear<B> = LinearConfig::new(d, 1).init(device);
-    let scale = 0.01 * (d as f64).sqrt();
-    Linear { weight: Param::from_tensor(head.weight.val() * scale), bias: Some(Param::from_tensor(Tensor::zeros([1], device))) }
+    let weight = Tensor::random([d, 1], burn::tensor::Distribution::Normal(0.0, 0.01), device);
+    Linear { weight: Param::from_tensor(weight), bias: Some(Param::from_tensor(Tensor::zeros([1], device))) }
 }
 
 impl<B: Backend> Llm<B> {
@@ -122,8 +122,30 @@ impl<B: Backend> Llm<B> {
         self.forward_cached(tokens, &mut cache)
     }
 
-    /// The next `t` tokens after what `cache` holds.
+    /// The next `t` tokens after what `cache` holds: logits `[b, t, v]` and
+    /// values `[b, t]`.
     pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        let [b, t] = tokens.dims();
+        let x = self.hidden_cached(tokens, cache); // [b·t, d]
+        let logits = self.lm_head.forward(x.clone()); // [b·t, v]
+        let values = self.value_head.forward(x); // [b·t, 1]
+        (logits.reshape([b, t, self.vocab_size()]), values.reshape([b, t]))
+    }
+
+    /// The last position's logits `[b, v]` only: the output layer (the
+    /// largest matrix of a small model) runs on `b` rows, not `b·t`.
+    pub fn last_logits_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 2> {
+        let [b, t] = tokens.dims();
+        let x = self.hidden_cached(tokens, cache); // [b·t, d]
+        let d = x.dims()[1];
+        let last = x.reshape([b, t, d]).narrow(1, t - 1, 1).reshape([b, d]);
+        self.lm_head.forward(last)
+    }
+
+    /// The final hidden states `[b·t, d]`, normalised. Activations stay 2-D
+    /// (`b·t` rows) through every linear layer, so each is one matrix
+    /// product, not one per row of the batch.
+    fn hidden_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 2> {
         let [b, t] = tokens.dims();
         assert!(
             cache.len() + t <= self.max_seq_len,
@@ -134,32 +156,47 @@ impl<B: Backend> Llm<B> {
         let device = tokens.device();
         let (positions, padding) = cache.positions_and_padding(b, t, &device);
         let rotation = Rotation::new(&positions, [b, t], &self.inv_freq, &device);
-        let mut x = self.embed_tokens(tokens); // [b, t, d]
+        let x = self.embed_tokens(tokens); // [b, t, d]
+        let d = x.dims()[2];
+        let mut x = x.reshape([b * t, d]);
+        let shape = Heads { b, t, h: self.n_heads, g: self.n_kv_heads, k: self.head_dim };
         for (layer, layer_cache) in self.layers.iter().zip(cache.layers_mut()) {
-            x = layer.forward(x, layer_cache, padding.clone(), &rotation, [self.n_heads, self.n_kv_heads, self.head_dim]);
+            x = layer.forward(x, layer_cache, padding.clone(), &rotation, shape);
         }
         cache.advance(t);
-        let x = self.norm.forward(x);
-        let logits = self.lm_head.forward(x.clone()); // [b, t, v]
-        let values = self.value_head.forward(x).reshape([b, t]);
-        (logits, values)
+        self.norm.forward(x)
     }
 }
 
+/// The attention's shape: batch `b`, new positions `t`, query heads `h`,
+/// key/value heads `g`, head width `k`.
+#[derive(Clone, Copy, Debug)]
+struct Heads {
+    b: usize,
+    t: usize,
+    h: usize,
+    g: usize,
+    k: usize,
+}
+
 impl<B: Backend> DecoderLayer<B> {
-    /// x `[b, t, d]`; the cache holds keys and values `[b, g, p, k]`, already
+    /// x `[b·t, d]`; the cache holds keys and values `[b, g, p, k]`, already
     /// rotated; `padding` `[b, 1, t, p]` hides padded keys.
     fn forward(
         &self,
-        x: Tensor<B, 3>,
+        x: Tensor<B, 2>,
         cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
         padding: Option<Tensor<B, 4, Bool>>,
         rotation: &Rotation<B>,
-        [h, g, k]: [usize; 3],
-    ) -> Tensor<B, 3> {
-        let [b, t, _] = x.dims();
+        s: Heads,
+    ) -> Tensor<B, 2> {
+        let Heads { b, t, h, g, k } = s;
         let normed = self.attn_norm.forward(x.clone());
-        let split = |y: Tensor<B, 3>, heads: usize| y.reshape([b, t, heads, k]).swap_dims(1, 2); // [b, heads, t, k]
+        // [b·t, heads·k] -> [b, heads, t, k]; with one new position the
+        // layouts coincide and a reshape is enough.
+        let split = |y: Tensor<B, 2>, heads: usize| {
+            if t == 1 { y.reshape([b, heads, 1, k]) } else { y.reshape([b, t, heads, k]).swap_dims(1, 2) }
+        };
         let q = rotation.apply(split(self.q.forward(normed.clone()), h));
         let k_new = rotation.apply(split(self.k.forward(normed.clone()), g));
         let v_new = split(self.v.forward(normed), g);
@@ -168,16 +205,40 @@ impl<B: Backend> DecoderLayer<B> {
             None => (k_new, v_new),
         };
         *cache = Some((keys.clone(), values.clone()));
-        let p = keys.dims()[2];
-        // Each key/value head serves h / g query heads: [b, g, p, k] -> [b, h, p, k].
-        let share = |y: Tensor<B, 4>| if h == g { y } else { y.unsqueeze_dim::<5>(2).expand([b, g, h / g, p, k]).reshape([b, h, p, k]) };
-        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-        let attended = attention(q, share(keys), share(values), padding.map(|m| m.expand([b, h, t, p])), None, options); // [b, h, t, k]
-        let x = x + self.o.forward(attended.swap_dims(1, 2).reshape([b, t, h * k]));
+        let attended = attend(q, keys, values, padding, s); // [b·t, h·k]
+        let x = x + self.o.forward(attended);
         let normed = self.mlp_norm.forward(x.clone());
-        let mlp = self.down.forward(silu(self.gate.forward(normed.clone())) * self.up.forward(normed)); // [b, t, d]
+        let mlp = self.down.forward(silu(self.gate.forward(normed.clone())) * self.up.forward(normed)); // [b·t, d]
         x + mlp
     }
+}
+
+/// Causal attention of queries `[b, h, t, k]` over keys and values
+/// `[b, g, p, k]`, each key/value head serving `h / g` query heads; returns
+/// `[b·t, h·k]`.
+fn attend<B: Backend>(
+    q: Tensor<B, 4>,
+    keys: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+    padding: Option<Tensor<B, 4, Bool>>,
+    Heads { b, t, h, g, k }: Heads,
+) -> Tensor<B, 2> {
+    let p = keys.dims()[2];
+    if t == 1 {
+        // One new position sees every cached key: the h / g query heads of a
+        // group are rows of one query block, so keys are not copied per head.
+        let q = q.reshape([b, g, h / g, k]);
+        let mask = padding.map(|m| m.expand([b, g, h / g, p]));
+        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
+        return attention(q, keys, values, mask, None, options).reshape([b, h * k]);
+    }
+    // [b, g, p, k] -> [b, h, p, k]
+    let share = |y: Tensor<B, 4>| if h == g { y } else { y.unsqueeze_dim::<5>(2).expand([b, g, h / g, p, k]).reshape([b, h, p, k]) };
+    // Causal from the bottom-right corner: new position i (absolute
+    // p - t + i) sees keys up to itself.
+    let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
+    let attended = attention(q, share(keys), share(values), padding.map(|m| m.expand([b, h, t, p])), None, options); // [b, h, t, k]
+    attended.swap_dims(1, 2).reshape([b * t, h * k])
 }
 
 impl<B: Backend> CausalLm<B> for Llm<B> {
@@ -187,6 +248,10 @@ impl<B: Backend> CausalLm<B> for Llm<B> {
 
     fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
         Llm::forward_cached(self, tokens, cache)
+    }
+
+    fn last_logits_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 2> {
+        Llm::last_logits_cached(self, tokens, cache)
     }
 }
 

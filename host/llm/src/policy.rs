@@ -180,9 +180,7 @@ pub fn greedy<B: Backend>(model: &Llm<B>, prompt: &[u32], eos: u32, max_new_toke
     let mut input = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, prompt.len()]), device);
     let mut out = Vec::new();
     for _ in 0..max_new_tokens {
-        let (logits, _) = model.forward_cached(input, &mut cache);
-        let [_, t, v] = logits.dims();
-        let last = logits.narrow(1, t - 1, 1).reshape([v]).into_data().to_vec::<f32>().expect("f32 logits");
+        let last = model.last_logits_cached(input, &mut cache).into_data().to_vec::<f32>().expect("f32 logits");
         let next = last.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0 as u32;
         out.push(next);
         if next == eos {

@@ -382,3 +382,41 @@ fn damaged_files_are_refused_with_the_file_the_tensor_and_the_fix() {
     let e = refusal(&nothing);
     assert!(e.contains("nothing-here") && e.contains("make model"), "{e}");
 }
+
+/// Batched sampling (shared prefix, padded rows, one new token at a time
+/// through the KV cache, grouped-query decoding) must draw from exactly the
+/// distribution a full forward pass over prompt and reply gives.
+fn sampling_matches_a_full_pass(arch: Architecture) {
+    use ragen_llm::StopRule;
+    let tiny = Tiny::new(arch);
+    let dir = scratch(&format!("sampling-{arch:?}"));
+    tiny.write_hf(&dir, Dtype::F32);
+    let m = Pretrained::<B>::load(&dir, &Default::default()).unwrap();
+    let device = Default::default();
+    let prompts: Vec<Vec<u32>> = ["the the", "the 12 boxes, then the", "the x"].iter().map(|p| m.tokenizer.encode(p)).collect();
+    let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let mut rngs: Vec<SeedRng> = (0..3).map(|r| SeedRng::stream(5, r)).collect();
+    let out = ragen_policy::sample_batch(&m.model, &refs, &StopRule::never(), 1.0, 12, &mut rngs, &device);
+    for (prompt, s) in prompts.iter().zip(&out) {
+        assert_eq!(s.tokens.len(), 12);
+        let all: Vec<i64> = prompt.iter().chain(&s.tokens).map(|&x| x as i64).collect();
+        let n = all.len();
+        let (logits, _) = m.model.forward(Tensor::<B, 2, Int>::from_data(TensorData::new(all, [1, n]), &device));
+        let logp = burn::tensor::activation::log_softmax(logits, 2).into_data().to_vec::<f32>().unwrap();
+        let v = m.config.vocab_size;
+        for (i, (&tok, &lp)) in s.tokens.iter().zip(&s.logprobs).enumerate() {
+            let full = logp[(prompt.len() + i - 1) * v + tok as usize];
+            assert!((full - lp).abs() < 1e-4, "{arch:?} token {i}: sampled log-prob {lp}, full pass {full}");
+        }
+    }
+}
+
+#[test]
+fn batched_sampling_of_a_tiny_llama_matches_a_full_pass() {
+    sampling_matches_a_full_pass(Architecture::Llama);
+}
+
+#[test]
+fn batched_sampling_of_a_tiny_qwen2_matches_a_full_pass() {
+    sampling_matches_a_full_pass(Architecture::Qwen2);
+}

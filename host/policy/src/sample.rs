@@ -17,6 +17,15 @@ pub trait CausalLm<B: Backend> {
     /// The next `t` tokens `[b, t]` after what `cache` holds: their logits
     /// `[b, t, v]` and values `[b, t]`; the cache is extended.
     fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>);
+
+    /// [`CausalLm::forward_cached`], returning only the last position's
+    /// logits `[b, v]`, which is all sampling reads. A model with a large
+    /// vocabulary skips its output layer at every other position.
+    fn last_logits_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 2> {
+        let (logits, _) = self.forward_cached(tokens, cache);
+        let [b, t, v] = logits.dims();
+        logits.narrow(1, t - 1, 1).reshape([b, v])
+    }
 }
 
 impl<B: Backend> CausalLm<B> for PolicyModel<B> {
@@ -180,7 +189,7 @@ pub fn sample_batch_with<B: Backend, M: CausalLm<B>, R: ReplyRule>(
         }
         // Finished rows ride along on a dummy token; their output is unused.
         let logits = if use_cache {
-            model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(fed, [b, 1]), device), &mut cache).0
+            model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(fed, [b, 1]), device), &mut cache)
         } else {
             for (row, &token) in ids.iter_mut().zip(&fed) {
                 row.push(token);
@@ -188,7 +197,7 @@ pub fn sample_batch_with<B: Backend, M: CausalLm<B>, R: ReplyRule>(
             let len = ids[0].len();
             let mut whole = KvCache::new(model.n_layers());
             whole.pad_at(shared, pad.clone());
-            model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(ids.concat(), [b, len]), device), &mut whole).0
+            model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(ids.concat(), [b, len]), device), &mut whole)
         };
         last = last_rows(logits);
     }
@@ -238,12 +247,12 @@ fn prefill<B: Backend, M: CausalLm<B>>(model: &M, prompts: &[&[u32]], device: &B
     let mut cache = KvCache::new(model.n_layers());
     if shared > 0 {
         let prefix: Vec<i64> = prompts[0][..shared].iter().map(|&x| x as i64).collect();
-        model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(prefix, [1, shared]), device), &mut cache);
+        model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(prefix, [1, shared]), device), &mut cache);
     }
     let mut cache = cache.repeat(b);
     cache.pad_at(shared, pad.clone());
     let own: Vec<i64> = ids.iter().flat_map(|row| row[shared..].iter().copied()).collect();
-    let (logits, _) = model.forward_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(own, [b, longest]), device), &mut cache);
+    let logits = model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(own, [b, longest]), device), &mut cache);
     Prefilled { ids, shared, pad, cache, last: last_rows(logits) }
 }
 
@@ -294,10 +303,10 @@ fn draw(dist: &[f32], rng: &mut SeedRng) -> u32 {
     pick.expect("a reply rule always allows a token before it is done") as u32
 }
 
-/// The logits of every row's last position of a `[b, t, v]` tensor.
-fn last_rows<B: Backend>(logits: Tensor<B, 3>) -> Vec<Vec<f32>> {
-    let [b, t, v] = logits.dims();
-    let flat = logits.narrow(1, t - 1, 1).reshape([b * v]).into_data().to_vec::<f32>().expect("f32 logits");
+/// Each row of last-position logits `[b, v]`.
+fn last_rows<B: Backend>(logits: Tensor<B, 2>) -> Vec<Vec<f32>> {
+    let [_, v] = logits.dims();
+    let flat = logits.into_data().to_vec::<f32>().expect("f32 logits");
     flat.chunks(v).map(<[f32]>::to_vec).collect()
 }
 
