@@ -6,7 +6,9 @@ dequantised to float32, so this measures a dense fp32 model, default SDPA attent
 and measures:
 
   (a) prefill tokens/s: the case-1 chat prompt + "<think>" pre-fill (same ids as
-      ``llm_reference.py``), batched to 8 identical rows, one forward pass;
+      ``llm_reference.py``), batched to 8 identical rows, one forward pass that
+      computes the last position's logits only (``logits_to_keep=1``, as
+      ``generate`` does and as ragen-llm's sampler does);
   (b) batched KV-cache sampling tokens/s: 8 rows, 64 new tokens, temperature 1.0
       (``model.generate(do_sample=True)``, no EOS stopping); counts new tokens only,
       the timed region includes the prefill of the prompt;
@@ -93,7 +95,7 @@ def main() -> int:
 
     def prefill():
         with torch.no_grad():
-            return model(input_ids=batch, use_cache=False).logits
+            return model(input_ids=batch, use_cache=False, logits_to_keep=1).logits
 
     t, _ = timed(prefill, args.repeats)
     res["prefill"] = {"rows": 8, "tokens": 8 * plen, "seconds": round(t, 4), "tokens_per_s": round(8 * plen / t, 1)}

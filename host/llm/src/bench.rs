@@ -63,12 +63,13 @@ pub fn bench_llm<B: AutodiffBackend>(model: &Llm<B>, config: &LlmBenchConfig, de
     let b = config.prompts.len();
     assert!(b > 0, "at least one prompt");
     let longest = config.prompts.iter().map(Vec::len).max().unwrap_or(0);
-    // Prefill: every prompt padded on the right to the longest, one pass.
+    // Prefill as sampling runs it: every prompt padded on the right to the
+    // longest, one pass, logits at the last position only.
     let ids: Vec<i64> = config.prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64).chain(std::iter::repeat(0)).take(longest)).collect();
     let prefill = rate(config.min_time, || {
         let tokens = Tensor::<B::InnerBackend, 2, Int>::from_data(TensorData::new(ids.clone(), [b, longest]), &inner_device);
-        let (logits, _) = inference.forward(tokens);
-        let _ = logits.narrow(1, longest - 1, 1).into_data();
+        let mut cache = ragen_policy::KvCache::new(inference.n_layers());
+        let _ = inference.last_logits_cached(tokens, &mut cache).into_data();
         b * longest
     });
     let never = StopRule::never();

@@ -150,6 +150,20 @@ impl<B: Backend> KvCache<B> {
         self.layers.iter_mut()
     }
 
+    /// Keep only rows `keep` (indices into the current rows, in order), as
+    /// when finished replies leave a sampling batch.
+    pub fn retain_rows(&mut self, keep: &[usize]) {
+        let Some(device) = self.layers.iter().flatten().next().map(|(k, _)| k.device()) else { return };
+        let index = Tensor::<B, 1, Int>::from_data(TensorData::new(keep.iter().map(|&i| i as i64).collect::<Vec<_>>(), [keep.len()]), &device);
+        for (k, v) in self.layers.iter_mut().flatten() {
+            *k = k.clone().select(0, index.clone());
+            *v = v.clone().select(0, index.clone());
+        }
+        if !self.gaps.is_empty() {
+            self.gaps = keep.iter().map(|&i| self.gaps[i]).collect();
+        }
+    }
+
     /// Record that `t` more positions are cached.
     pub fn advance(&mut self, t: usize) {
         self.len += t;

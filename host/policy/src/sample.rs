@@ -169,35 +169,41 @@ pub fn sample_batch_with<B: Backend, M: CausalLm<B>, R: ReplyRule>(
     let Prefilled { mut ids, shared, pad, mut cache, mut last } = prefill(model, prompts, device);
     let mut states = vec![grammar.start(); b];
     let mut out: Vec<Sampled> = (0..b).map(|_| Sampled { tokens: vec![], logprobs: vec![], complete: false }).collect();
+    // The rows still writing, and `last[i]` is row `active[i]`'s logits.
+    let mut active: Vec<usize> = (0..b).collect();
     for step in 0..max_new_tokens {
-        let mut fed = vec![0i64; b];
-        let mut running = false;
-        for r in 0..b {
-            if grammar.is_done(states[r]) {
-                continue;
-            }
-            let dist = log_distribution(&last[r], grammar.allowed(states[r]), sampling.temperature);
+        let mut fed = Vec::with_capacity(active.len());
+        for (i, &r) in active.iter().enumerate() {
+            let dist = log_distribution(&last[i], grammar.allowed(states[r]), sampling.temperature);
             let token = draw(&narrowed(&dist, sampling), &mut rngs[r]);
             out[r].tokens.push(token);
             out[r].logprobs.push(dist[token as usize]);
             states[r] = grammar.advance(states[r], token);
-            fed[r] = token as i64;
-            running |= !grammar.is_done(states[r]);
+            fed.push(token as i64);
         }
-        if !running || step + 1 == max_new_tokens {
+        // A finished row leaves the batch (and the cache), so one long reply
+        // does not make every other row compute to the token limit.
+        let still: Vec<usize> = (0..active.len()).filter(|&i| !grammar.is_done(states[active[i]])).collect();
+        if still.is_empty() || step + 1 == max_new_tokens {
             break;
         }
-        // Finished rows ride along on a dummy token; their output is unused.
+        if still.len() < active.len() {
+            cache.retain_rows(&still);
+            fed = still.iter().map(|&i| fed[i]).collect();
+            active = still.iter().map(|&i| active[i]).collect();
+        }
+        let n = active.len();
         let logits = if use_cache {
-            model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(fed, [b, 1]), device), &mut cache)
+            model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(fed, [n, 1]), device), &mut cache)
         } else {
-            for (row, &token) in ids.iter_mut().zip(&fed) {
-                row.push(token);
+            for (&r, &token) in active.iter().zip(&fed) {
+                ids[r].push(token);
             }
-            let len = ids[0].len();
+            let len = ids[active[0]].len();
             let mut whole = KvCache::new(model.n_layers());
-            whole.pad_at(shared, pad.clone());
-            model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(ids.concat(), [b, len]), device), &mut whole)
+            whole.pad_at(shared, active.iter().map(|&r| pad[r]).collect());
+            let rows: Vec<i64> = active.iter().flat_map(|&r| ids[r].iter().copied()).collect();
+            model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(rows, [n, len]), device), &mut whole)
         };
         last = last_rows(logits);
     }
