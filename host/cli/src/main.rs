@@ -238,54 +238,58 @@ enum Command {
     /// valid- and effective-action ratios, and the optimal policy's success
     /// on the same seeds where a solver exists (Sokoban: BFS; FrozenLake:
     /// value iteration; Bandit: always the better arm).
-    Eval {
-        /// The environment plugin.
-        #[arg(long)]
-        env: PathBuf,
-        /// `random` (uniform well-formed answers) or `sokoban-solver`
-        /// (replays BFS solutions); ignored with --checkpoint.
-        #[arg(long, default_value = "random")]
-        policy: String,
-        /// Evaluate the policy trained in this run directory (at its
-        /// validation temperature, 0.5 by default).
-        #[arg(long, value_name = "DIR", conflicts_with = "model")]
-        checkpoint: Option<PathBuf>,
-        /// Evaluate a pretrained model: a GGUF file or a Hugging Face
-        /// directory (`make model` fetches SmolLM2-135M-Instruct into
-        /// target/models/). Its replies are free text, parsed as the
-        /// reference parses them.
-        #[arg(long, value_name = "PATH")]
-        model: Option<PathBuf>,
-        #[command(flatten)]
-        generation: Generation,
-        /// Turn thinking off: the reply is pre-filled with `<answer>` and
-        /// the prompt asks for the answer only.
-        #[arg(long)]
-        no_think: bool,
-        #[arg(long, default_value_t = 256)]
-        episodes: usize,
-        /// The first evaluation seed.
-        #[arg(long, default_value_t = ragen_agent::EVAL_SEED_START)]
-        seed_start: u64,
-        /// Seed of the policy's own randomness.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// A TOML file with [rollout], [prompt] and [env] sections (a training
-        /// config works too: its other sections are ignored here).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Write every trajectory (full text, tokens, rewards) as JSON lines.
-        #[arg(long, value_name = "FILE.jsonl")]
-        trajectories: Option<PathBuf>,
-        /// Worker threads for the env pool (default: all cores).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        settings: Settings,
-    },
+    Eval(EvalArgs),
+}
+
+/// `eval`'s arguments.
+#[derive(Args)]
+struct EvalArgs {
+    /// The environment plugin.
+    #[arg(long)]
+    env: PathBuf,
+    /// `random` (uniform well-formed answers) or `sokoban-solver`
+    /// (replays BFS solutions); ignored with --checkpoint.
+    #[arg(long, default_value = "random")]
+    policy: String,
+    /// Evaluate the policy trained in this run directory (at its
+    /// validation temperature, 0.5 by default).
+    #[arg(long, value_name = "DIR", conflicts_with = "model")]
+    checkpoint: Option<PathBuf>,
+    /// Evaluate a pretrained model: a GGUF file or a Hugging Face
+    /// directory (`make model` fetches SmolLM2-135M-Instruct into
+    /// target/models/). Its replies are free text, parsed as the
+    /// reference parses them.
+    #[arg(long, value_name = "PATH")]
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    generation: Generation,
+    /// Turn thinking off: the reply is pre-filled with `<answer>` and
+    /// the prompt asks for the answer only.
+    #[arg(long)]
+    no_think: bool,
+    #[arg(long, default_value_t = 256)]
+    episodes: usize,
+    /// The first evaluation seed.
+    #[arg(long, default_value_t = ragen_agent::EVAL_SEED_START)]
+    seed_start: u64,
+    /// Seed of the policy's own randomness.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// A TOML file with [rollout], [prompt] and [env] sections (a training
+    /// config works too: its other sections are ignored here).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Write every trajectory (full text, tokens, rewards) as JSON lines.
+    #[arg(long, value_name = "FILE.jsonl")]
+    trajectories: Option<PathBuf>,
+    /// Worker threads for the env pool (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    settings: Settings,
 }
 
 /// How a pretrained model writes its replies.
@@ -428,44 +432,42 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let opts = chat::Options { model, prompt, system, raw, max_new_tokens: g.max_new_tokens, sampling: g.sampling, seed };
             backend::with_backend!(inference generation.backend, B, device => chat::chat::<B>(opts, device)?);
         }
-        Command::Eval {
-            env,
-            policy,
-            checkpoint,
-            model,
-            generation,
-            no_think,
-            episodes,
-            seed_start,
-            seed,
-            config,
-            trajectories,
-            threads,
-            json,
-            settings,
-        } => {
-            let mut config = match (&config, &checkpoint) {
-                // A training config is a superset: its [rollout], [prompt] and [env] apply.
-                (Some(path), _) => ragen_learner::TrainConfig::load(path)?.agent,
-                // A trained policy is evaluated under the prompts and settings it trained with.
-                (None, Some(run)) => ragen_learner::TrainConfig::load(&run.join("config.toml"))?.agent,
-                (None, None) => ragen_agent::AgentConfig::default(),
-            };
-            if no_think {
-                config.rollout.enable_think = false;
-            }
-            let settings = settings.parse()?;
-            let threads = default_threads(threads);
-            let model = match model {
-                Some(path) => Some(eval::ModelOptions { path, backend: generation.backend, sampling: generation.sampling()? }),
-                None => None,
-            };
-            let opts =
-                eval::Options { env, policy, checkpoint, model, episodes, seed_start, seed, config, settings, threads, trajectories };
-            print_report(&eval::eval(opts)?, json, eval::Report::to_text)?;
-        }
+        Command::Eval(args) => eval_command(args)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `eval`: the agent config from --config or the checkpoint's run, then
+/// the evaluation.
+fn eval_command(a: EvalArgs) -> Result<()> {
+    let mut config = match (&a.config, &a.checkpoint) {
+        // A training config is a superset: its [rollout], [prompt] and [env] apply.
+        (Some(path), _) => ragen_learner::TrainConfig::load(path)?.agent,
+        // A trained policy is evaluated under the prompts and settings it trained with.
+        (None, Some(run)) => ragen_learner::TrainConfig::load(&run.join("config.toml"))?.agent,
+        (None, None) => ragen_agent::AgentConfig::default(),
+    };
+    if a.no_think {
+        config.rollout.enable_think = false;
+    }
+    let model = match a.model {
+        Some(path) => Some(eval::ModelOptions { path, backend: a.generation.backend, sampling: a.generation.sampling()? }),
+        None => None,
+    };
+    let opts = eval::Options {
+        env: a.env,
+        policy: a.policy,
+        checkpoint: a.checkpoint,
+        model,
+        episodes: a.episodes,
+        seed_start: a.seed_start,
+        seed: a.seed,
+        config,
+        settings: a.settings.parse()?,
+        threads: default_threads(a.threads),
+        trajectories: a.trajectories,
+    };
+    print_report(&eval::eval(opts)?, a.json, eval::Report::to_text)
 }
 
 fn main() -> ExitCode {

@@ -38,6 +38,17 @@ impl<W: Write> Write for Escaping<W> {
     }
 }
 
+/// Run `work` with a spinner on stderr saying `message` (hidden when
+/// stderr is not a terminal).
+pub fn with_spinner<T>(message: &str, work: impl FnOnce() -> T) -> T {
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(message.to_string());
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let out = work();
+    spinner.finish_and_clear();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,15 +62,4 @@ mod tests {
         writeln!(out, "x\x1b[2Jy").unwrap();
         assert_eq!(String::from_utf8(out.0).unwrap(), "x\\u{1b}[2Jy\n");
     }
-}
-
-/// Run `work` with a spinner on stderr saying `message` (hidden when
-/// stderr is not a terminal).
-pub fn with_spinner<T>(message: &str, work: impl FnOnce() -> T) -> T {
-    let spinner = indicatif::ProgressBar::new_spinner();
-    spinner.set_message(message.to_string());
-    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-    let out = work();
-    spinner.finish_and_clear();
-    out
 }

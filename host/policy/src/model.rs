@@ -154,7 +154,8 @@ impl<B: Backend> KvCache<B> {
     /// when finished replies leave a sampling batch.
     pub fn retain_rows(&mut self, keep: &[usize]) {
         let Some(device) = self.layers.iter().flatten().next().map(|(k, _)| k.device()) else { return };
-        let index = Tensor::<B, 1, Int>::from_data(TensorData::new(keep.iter().map(|&i| i as i64).collect::<Vec<_>>(), [keep.len()]), &device);
+        let index =
+            Tensor::<B, 1, Int>::from_data(TensorData::new(keep.iter().map(|&i| i as i64).collect::<Vec<_>>(), [keep.len()]), &device);
         for (k, v) in self.layers.iter_mut().flatten() {
             *k = k.clone().select(0, index.clone());
             *v = v.clone().select(0, index.clone());
