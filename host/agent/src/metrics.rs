@@ -14,6 +14,9 @@ pub struct RolloutMetrics {
     /// (0 when every group's samples agree: nothing to learn from).
     pub in_group_reward_std: f64,
     pub valid_action_ratio: f64,
+    /// Share of replies in the expected format (`<think>…</think><answer>…</answer>`,
+    /// or the answer alone with thinking off), whatever their actions.
+    pub format_valid_ratio: f64,
     pub effective_action_ratio: f64,
     pub actions_mean: f64,
     pub turns_mean: f64,
@@ -49,6 +52,7 @@ pub fn summarize(ts: &[Trajectory]) -> RolloutMetrics {
         return_std: std(&returns),
         in_group_reward_std: mean(group_std),
         valid_action_ratio: mean(ts.iter().map(|t| t.valid_action_ratio)),
+        format_valid_ratio: mean(ts.iter().flat_map(|t| t.turns.iter().map(|turn| turn.parsed.answer.is_some() as u8 as f64))),
         effective_action_ratio: mean(ts.iter().map(|t| t.effective_action_ratio)),
         actions_mean: mean(ts.iter().map(|t| t.num_actions as f64)),
         turns_mean: mean(ts.iter().map(|t| t.turns.len() as f64)),

@@ -46,6 +46,10 @@ pub struct Report {
     pub return_mean: f64,
     pub return_std: f64,
     pub valid_action_ratio: f64,
+    /// Share of replies in the expected format.
+    pub format_valid_ratio: f64,
+    /// Mean reply length in the policy's tokens.
+    pub response_tokens_mean: f64,
     pub effective_action_ratio: f64,
     pub actions_mean: f64,
     pub turns_mean: f64,
@@ -151,6 +155,8 @@ pub fn eval(opts: Options) -> Result<Report> {
         return_mean: m.return_mean,
         return_std: m.return_std,
         valid_action_ratio: m.valid_action_ratio,
+        format_valid_ratio: m.format_valid_ratio,
+        response_tokens_mean: m.response_tokens_mean,
         effective_action_ratio: m.effective_action_ratio,
         actions_mean: m.actions_mean,
         turns_mean: m.turns_mean,
@@ -189,6 +195,11 @@ impl Report {
         }
         s += &format!("  return       {:.3} ± {:.3}\n", self.return_mean, self.return_std);
         s += &format!("  valid        {:.1}% of proposed actions\n", 100.0 * self.valid_action_ratio);
+        s += &format!(
+            "  format       {:.1}% of replies well-formed, {:.1} tokens a reply\n",
+            100.0 * self.format_valid_ratio,
+            self.response_tokens_mean
+        );
         s += &format!("  effective    {:.1}% of executed actions\n", 100.0 * self.effective_action_ratio);
         s += &format!("  per episode  {:.2} actions in {:.2} turns\n", self.actions_mean, self.turns_mean);
         if self.failures > 0 {

@@ -21,6 +21,11 @@ pub fn faulty(fault: &str) -> PathBuf {
     ragen_test_fixtures::test_plugin(fault)
 }
 
+/// The default pretrained model (`make model`).
+pub fn model() -> PathBuf {
+    ragen_test_fixtures::default_model()
+}
+
 /// A scratch directory for files a test writes.
 pub fn scratch(name: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
