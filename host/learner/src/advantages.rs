@@ -48,16 +48,20 @@ impl Estimator {
         }
     }
 
-    /// Advantages and returns per agent token of each sequence, whitened
-    /// over the batch (returns are not whitened: they are the critic's
-    /// regression target).
+    /// Advantages and returns per agent token of each sequence.
+    ///
+    /// GAE's advantages are whitened over the batch's agent tokens, as
+    /// verl does; GRPO's are not (they are normalised within groups
+    /// already, and verl leaves them so). Returns are never whitened: they
+    /// are the critic's regression target.
     pub fn estimate(self, sequences: &[SequenceInput<'_>], gamma: f32, lambda: f32) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
         let (mut advantages, mut returns) = (Vec::with_capacity(sequences.len()), Vec::with_capacity(sequences.len()));
+        let trajectories = sequences.chunk_by(|a, b| a.trajectory == b.trajectory);
         match self {
             Self::Gae => {
                 // Over all of a trajectory's agent tokens, across its
                 // sequences, with the reward on the last one.
-                for trajectory in sequences.chunk_by(|a, b| a.trajectory == b.trajectory) {
+                for trajectory in trajectories {
                     let values: Vec<f32> = trajectory.iter().flat_map(|s| s.values.iter().copied()).collect();
                     let mut rewards = vec![0.0; values.len()];
                     if let Some(last) = rewards.last_mut() {
@@ -71,17 +75,23 @@ impl Estimator {
                         at += s.values.len();
                     }
                 }
+                whiten(&mut advantages);
             }
             Self::Grpo => {
-                let rewards: Vec<f32> = sequences.iter().map(|s| s.reward).collect();
-                let groups: Vec<usize> = sequences.iter().map(|s| s.group).collect();
-                for (a, s) in grpo(&rewards, &groups, 1e-6).into_iter().zip(sequences) {
-                    advantages.push(vec![a; s.values.len()]);
-                    returns.push(vec![s.reward; s.values.len()]);
+                // Group statistics count each trajectory once, however many
+                // sequences (replies, under a context window) it was cut
+                // into; every sequence then takes its trajectory's value.
+                let trajectories: Vec<&[SequenceInput<'_>]> = trajectories.collect();
+                let rewards: Vec<f32> = trajectories.iter().map(|t| t[0].reward).collect();
+                let groups: Vec<usize> = trajectories.iter().map(|t| t[0].group).collect();
+                for (a, trajectory) in grpo(&rewards, &groups, 1e-6).into_iter().zip(trajectories) {
+                    for s in trajectory {
+                        advantages.push(vec![a; s.values.len()]);
+                        returns.push(vec![s.reward; s.values.len()]);
+                    }
                 }
             }
         }
-        whiten(&mut advantages);
         (advantages, returns)
     }
 }
@@ -208,5 +218,26 @@ mod tests {
         assert!(Estimator::Gae.uses_critic() && !Estimator::Grpo.uses_critic());
         assert!(Estimator::parse("vtrace").unwrap_err().to_string().contains("gae"));
         assert_eq!(Estimator::parse("grpo").unwrap(), Estimator::Grpo);
+    }
+
+    #[test]
+    fn grpo_counts_each_trajectory_once_under_a_context_window_and_is_not_whitened_again() {
+        // Group 0: trajectory 0 (reward 1) was cut into three replies,
+        // trajectory 1 (reward 0) into one. Per trajectory: mean 0.5,
+        // sample std √0.5, so advantages ±0.5/√0.5 = ±√0.5. Counted per
+        // reply (the old bug) the mean would be 0.75.
+        // Group 1: trajectories 2 and 3 both reward 2: advantage 0.
+        let v = [0.0f32; 2];
+        let seq = |trajectory, group, reward| SequenceInput { trajectory, group, reward, values: &v };
+        let seqs = [seq(0, 0, 1.0), seq(0, 0, 1.0), seq(0, 0, 1.0), seq(1, 0, 0.0), seq(2, 1, 2.0), seq(3, 1, 2.0)];
+        let (adv, ret) = Estimator::Grpo.estimate(&seqs, 1.0, 1.0);
+        let a = 0.5 / (0.5f32.sqrt() + 1e-6);
+        let expected = [a, a, a, -a, 0.0, 0.0];
+        for (got, want) in adv.iter().zip(expected) {
+            close(got, &[want, want]);
+        }
+        // Returns are the rewards (no critic reads them).
+        assert_eq!(ret[3], vec![0.0, 0.0]);
+        assert_eq!(ret[4], vec![2.0, 2.0]);
     }
 }
