@@ -39,6 +39,10 @@ pub struct ModelOptions {
 pub struct Report {
     pub plugin: String,
     pub policy: String,
+    /// The checkpoint a trained policy was read from, with its step and
+    /// validation success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
     pub episodes: usize,
     pub seed_start: u64,
     pub limits: LoopLimits,
@@ -75,9 +79,9 @@ pub struct FailedEpisode {
     pub message: String,
 }
 
-/// The policy the options name: a pretrained model, a trained checkpoint,
-/// or a scripted policy.
-fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<Box<dyn Policy>> {
+/// The policy the options name: a pretrained model, a trained checkpoint
+/// (with which checkpoint it read), or a scripted policy.
+fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<(Box<dyn Policy>, Option<String>)> {
     if let Some(model) = &opts.model {
         let sampling = model.sampling;
         let seed = opts.seed;
@@ -86,19 +90,19 @@ fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<Box<dyn Policy>
                 ragen_llm::Pretrained::<B>::load(&model.path, &device)
             })?;
             eprintln!("{}", crate::chat::describe(&pretrained));
-            Ok(Box::new(ragen_llm::LlmPolicy::new(pretrained, sampling, seed)) as Box<dyn Policy>)
+            Ok((Box::new(ragen_llm::LlmPolicy::new(pretrained, sampling, seed)) as Box<dyn Policy>, None))
         });
     }
     Ok(match (&opts.checkpoint, opts.policy.as_str()) {
         (Some(run), _) => {
             type B = burn::backend::Autodiff<burn::backend::Flex>;
-            let (config, learner, tokenizer) = ragen_learner::load_policy::<B>(run, runner.spec(), Default::default())?;
+            let (config, learner, tokenizer, read) = ragen_learner::load_policy::<B>(run, runner.spec(), Default::default())?;
             let sampling = ragen_policy::SamplingConfig {
                 temperature: config.sampling.val_temperature as f32,
                 think_budget: config.sampling.think_budget,
             };
             let think = config.agent.rollout.enable_think;
-            Box::new(ragen_policy::BurnPolicy::new(
+            let policy = Box::new(ragen_policy::BurnPolicy::new(
                 learner.policy_model(),
                 tokenizer,
                 think,
@@ -106,11 +110,12 @@ fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<Box<dyn Policy>
                 sampling,
                 opts.seed,
                 Default::default(),
-            ))
+            ));
+            (policy as Box<dyn Policy>, Some(read.to_string()))
         }
-        (None, "random") => Box::new(RandomPolicy::new(opts.seed)),
+        (None, "random") => (Box::new(RandomPolicy::new(opts.seed)), None),
         (None, "sokoban-solver") => {
-            Box::new(SokobanSolverPolicy::new(runner.spec()).context("--policy sokoban-solver needs a Sokoban plugin")?)
+            (Box::new(SokobanSolverPolicy::new(runner.spec()).context("--policy sokoban-solver needs a Sokoban plugin")?), None)
         }
         (None, other) => bail!("unknown policy `{other}`; use `random` or `sokoban-solver`, --checkpoint DIR or --model PATH"),
     })
@@ -133,7 +138,7 @@ pub fn eval(opts: Options) -> Result<Report> {
     // Evaluation: one sample per seed.
     let rollout = RolloutConfig { env_groups: opts.episodes, group_size: 1, ..opts.config.rollout.clone() };
     let runner = RolloutRunner::new(plugin, &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
-    let mut policy = make_policy(&opts, &runner)?;
+    let (mut policy, checkpoint) = make_policy(&opts, &runner)?;
     let seeds: Vec<u64> = (0..opts.episodes as u64).map(|i| opts.seed_start + i).collect();
     let ts = runner.run(policy.as_mut(), &seeds)?;
     if let Some(path) = &opts.trajectories {
@@ -148,6 +153,7 @@ pub fn eval(opts: Options) -> Result<Report> {
     Ok(Report {
         plugin: runner.info().name.clone(),
         policy: policy.name().to_string(),
+        checkpoint,
         episodes: opts.episodes,
         seed_start: opts.seed_start,
         limits,
@@ -188,6 +194,9 @@ impl Report {
             self.seed_start,
             self.seed_start + self.episodes as u64
         );
+        if let Some(c) = &self.checkpoint {
+            s += &format!("  checkpoint   {}\n", crate::term::escape(c));
+        }
         s += &format!("  success      {:.1}%", 100.0 * self.success_rate);
         match self.optimal_success {
             Some(b) => s += &format!("   (optimal play: {:.1}% within {} actions)\n", 100.0 * b, self.limits.max_actions_per_traj),

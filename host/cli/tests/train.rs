@@ -1,6 +1,7 @@
 //! `ragen-host train`: a short Bandit run leaves its config, metrics and
 //! checkpoint; a resumed run continues it exactly; `eval --checkpoint`
-//! reads it back.
+//! reads it back; a schedule sets each step's learning rate and the best
+//! validated checkpoint is kept apart.
 
 mod common;
 
@@ -108,6 +109,51 @@ fn a_run_leaves_metrics_and_a_checkpoint_and_resumes_exactly() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["policy"], "burn-transformer");
     assert!(v["success_rate"].as_f64().unwrap() >= 0.0);
+}
+
+#[test]
+fn the_schedule_sets_each_steps_rate_and_the_best_validated_checkpoint_is_kept() {
+    let dir = scratch("train-best");
+    let config = dir.join("best.toml");
+    let scheduled = SMALL
+        .replace("steps = 6", "steps = 5")
+        .replace("test_freq = 3", "test_freq = 1")
+        .replace("lr = 0.003", "lr = 0.003\nlr_scheduler_type = \"cosine\"\nlr_warmup_steps = 2\nmin_lr_ratio = 0.1");
+    std::fs::write(&config, scheduled).unwrap();
+    let bandit = plugin("bandit");
+    let run = dir.join("run");
+    let _ = std::fs::remove_dir_all(&run);
+    let out =
+        ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--out", run.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let metrics: Vec<serde_json::Value> =
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+
+    // Warm-up 0.0015, 0.003; then cosine over steps 2..=4 to 0.0003.
+    let lr: Vec<f64> = metrics.iter().map(|m| m["lr"].as_f64().unwrap()).collect();
+    let expected = [0.0015, 0.003, 0.003, 0.0003 + 0.0027 * 0.5, 0.0003];
+    for (got, want) in lr.iter().zip(expected) {
+        assert!((got - want).abs() < 1e-9, "lr per step {lr:?}, expected {expected:?}");
+    }
+
+    // checkpoint-best/ holds the first step with the highest validation success.
+    let val: Vec<f64> = metrics.iter().map(|m| m["val_success"].as_f64().expect("validated every step")).collect();
+    let best = val.iter().cloned().fold(f64::MIN, f64::max);
+    let best_step = val.iter().position(|&v| v == best).unwrap() as u64 + 1;
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("checkpoint-best/state.json")).unwrap()).unwrap();
+    assert_eq!((state["step"].as_u64().unwrap(), state["val_success"].as_f64().unwrap()), (best_step, best), "{val:?}");
+
+    // eval reads the best by default and says so; a checkpoint folder picks one.
+    let eval = |path: &std::path::Path| {
+        let out =
+            ragen_host(&["eval", "--env", bandit.to_str().unwrap(), "--checkpoint", path.to_str().unwrap(), "--episodes", "8", "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["checkpoint"].as_str().unwrap().to_string()
+    };
+    let read = eval(&run);
+    assert!(read.contains("checkpoint-best") && read.contains(&format!("after step {best_step}")), "{read}");
+    let read = eval(&run.join("checkpoint"));
+    assert!(read.contains("checkpoint`") && read.contains("after step 5"), "{read}");
 }
 
 /// Every metric of every line but the wall-clock timings.

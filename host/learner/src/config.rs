@@ -3,6 +3,7 @@
 
 use crate::advantages::Estimator;
 use crate::loss::Clip;
+use crate::schedule::{Decay, LrSchedule};
 use crate::update::UpdateConfig;
 use anyhow::{Context, Result};
 use ragen_agent::AgentConfig;
@@ -112,6 +113,12 @@ pub struct PpoSection {
     pub lam: Option<f32>,
     pub grad_clip: Option<f64>,
     pub lr: Option<f64>,
+    /// `constant` (default), `linear` or `cosine` decay after warm-up.
+    pub lr_scheduler_type: Option<Decay>,
+    /// Training steps of linear warm-up (0 by default).
+    pub lr_warmup_steps: Option<u64>,
+    /// Where a decay ends, as a share of `lr` (0 by default).
+    pub min_lr_ratio: Option<f64>,
     pub weight_decay: Option<f32>,
     pub rollout_filter_ratio: Option<f64>,
     /// Weight of the auxiliary next-observation loss (0: off, as in the
@@ -175,6 +182,8 @@ impl Default for TrainConfig {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Resolved {
     pub update: UpdateConfig,
+    /// The learning rate per training step (`update.lr` is its peak).
+    pub schedule: LrSchedule,
     pub rollout_filter_ratio: f64,
 }
 
@@ -238,7 +247,15 @@ impl TrainConfig {
             anyhow::bail!("ppo.kl_coef {kl_coef}: use 0 (StarPO-S: no reference model) or a small positive weight such as 0.001");
         }
         u.kl_coef = kl_coef;
-        Ok(Resolved { update: u, rollout_filter_ratio })
+        let schedule = LrSchedule {
+            lr: u.lr,
+            decay: p.lr_scheduler_type.unwrap_or_default(),
+            warmup_steps: p.lr_warmup_steps.unwrap_or(0),
+            min_lr_ratio: p.min_lr_ratio.unwrap_or(0.0),
+            total_steps: self.steps,
+        };
+        schedule.check()?;
+        Ok(Resolved { update: u, schedule, rollout_filter_ratio })
     }
 }
 
@@ -284,6 +301,20 @@ mod tests {
         assert_eq!(TrainConfig::default().resolve().unwrap().update.kl_coef, 0.0);
         let bad: TrainConfig = toml::from_str("[ppo]\nkl_coef = -1.0\n").unwrap();
         assert!(bad.resolve().unwrap_err().to_string().contains("kl_coef"));
+    }
+
+    #[test]
+    fn a_schedule_reads_from_ppo_and_bad_settings_are_named() {
+        let c: TrainConfig =
+            toml::from_str("steps = 20\n[ppo]\nlr = 0.01\nlr_scheduler_type = \"linear\"\nlr_warmup_steps = 4\nmin_lr_ratio = 0.5\n")
+                .unwrap();
+        let s = c.resolve().unwrap().schedule;
+        assert_eq!((s.decay, s.warmup_steps, s.min_lr_ratio, s.total_steps), (Decay::Linear, 4, 0.5, 20));
+        assert!((s.lr_at(0) - 0.0025).abs() < 1e-12 && (s.lr_at(19) - 0.005).abs() < 1e-12);
+        assert_eq!(TrainConfig::default().resolve().unwrap().schedule.decay, Decay::Constant);
+        let long: TrainConfig = toml::from_str("steps = 3\n[ppo]\nlr_warmup_steps = 3\n").unwrap();
+        assert!(long.resolve().unwrap_err().to_string().contains("lr_warmup_steps"));
+        assert!(toml::from_str::<TrainConfig>("[ppo]\nlr_scheduler_type = \"step\"\n").unwrap_err().to_string().contains("step"));
     }
 
     #[test]

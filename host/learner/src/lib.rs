@@ -5,6 +5,7 @@
 //! * [`loss`]: the decoupled-clip PPO surrogate, the clipped value loss, the
 //!   k3 KL to the frozen reference, masked entropy;
 //! * [`Learner::update`]: one update, top to bottom;
+//! * [`LrSchedule`]: warm-up and decay of the learning rate;
 //! * [`config`]: the presets (`starpo-s`, `starpo`, `grpo`) and overrides;
 //! * [`train`]: the run loop (rollouts, filter, update, validation, metrics,
 //!   checkpoints, resume).
@@ -15,11 +16,13 @@ mod filter;
 pub mod loss;
 pub mod metrics;
 pub mod run;
+mod schedule;
 mod update;
 
 pub use advantages::{Estimator, SequenceInput, gae, grpo};
 pub use config::{Algo, Positions, TrainConfig};
 pub use filter::RolloutFilter;
 pub use metrics::{StepMetrics, read_metrics};
-pub use run::{build_learner, load_policy, train};
+pub use run::{CheckpointInfo, build_learner, find_checkpoint, load_policy, train};
+pub use schedule::{Decay, LrSchedule};
 pub use update::{Learner, UpdateConfig, UpdateStats};

@@ -33,6 +33,9 @@ pub struct StepMetrics {
     /// The auxiliary next-observation loss (0 when it is off).
     #[serde(default)]
     pub world_model_loss: f32,
+    /// The learning rate of this step's update (the schedule's).
+    #[serde(default)]
+    pub lr: f64,
     /// AdamW steps this step took (`ppo_epochs` x mini-batches).
     #[serde(default)]
     pub optimizer_steps: usize,
@@ -49,7 +52,8 @@ pub struct StepMetrics {
     pub response_tokens: f64,
     pub valid_action_ratio: f64,
     pub effective_action_ratio: f64,
-    /// Validation success (256 fixed seeds from 123 by default), on test steps.
+    /// Validation success (`val_episodes` fixed seeds from
+    /// `VAL_SEED_START`, apart from the eval seeds), on test steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_success: Option<f64>,
     /// Wall-clock seconds of this step's rollouts and update (not part of

@@ -10,6 +10,7 @@
 use crate::config::TrainConfig;
 use crate::filter::{RolloutFilter, std};
 use crate::metrics::{StepMetrics, read_metrics};
+use crate::schedule::LrSchedule;
 use crate::update::{Learner, UpdateStats};
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
@@ -22,11 +23,43 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// What the checkpoint remembers besides the weights.
+/// What the checkpoint remembers besides the weights (`state.json`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct CheckpointState {
     /// Steps completed.
     step: u64,
+    /// Validation success of the weights, when they were validated
+    /// (always, in `checkpoint-best/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    val_success: Option<f64>,
+}
+
+impl CheckpointState {
+    fn read(dir: &Path) -> Result<Self> {
+        let file = dir.join("state.json");
+        let text = std::fs::read_to_string(&file).with_context(|| format!("no checkpoint in `{}` (no state.json)", dir.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("the checkpoint's `{}` is damaged", file.display()))
+    }
+}
+
+/// Which checkpoint [`load_policy`] read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointInfo {
+    pub dir: PathBuf,
+    /// Training steps it had completed.
+    pub step: u64,
+    /// Its validation success, if it was validated.
+    pub val_success: Option<f64>,
+}
+
+impl std::fmt::Display for CheckpointInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` (after step {}", self.dir.display(), self.step)?;
+        match self.val_success {
+            Some(v) => write!(f, ", validation success {:.1}%)", 100.0 * v),
+            None => write!(f, ")"),
+        }
+    }
 }
 
 /// Files of a run directory.
@@ -39,8 +72,13 @@ impl RunDir {
     pub fn metrics(&self) -> PathBuf {
         self.0.join("metrics.jsonl")
     }
+    /// The latest checkpoint, which `--resume` continues from.
     pub fn checkpoint(&self) -> PathBuf {
         self.0.join("checkpoint")
+    }
+    /// The checkpoint with the best validation success so far.
+    pub fn best(&self) -> PathBuf {
+        self.0.join("checkpoint-best")
     }
 }
 
@@ -110,12 +148,18 @@ pub fn train<B: AutodiffBackend>(
                 m.first_failure.clone().unwrap_or_default()
             )
         });
+        if let Some(v) = m.val_success
+            && run.best.is_none_or(|best| v > best)
+        {
+            run.best = Some(v);
+            save_checkpoint(&run.learner, &run.dir.best(), CheckpointState { step: step + 1, val_success: Some(v) })?;
+        }
         run.history.push(m);
 
         let stopping = stop.load(Ordering::SeqCst);
         let last = step + 1 == config.steps;
         if (step + 1) % config.save_freq.max(1) == 0 || last || stopping || skipped_in_a_row >= 3 || failing.is_some() {
-            save_checkpoint(&run.learner, &run.dir, step + 1)?;
+            save_checkpoint(&run.learner, &run.dir.checkpoint(), CheckpointState { step: step + 1, val_success: None })?;
         }
         if let Some(why) = failing {
             bail!(
@@ -147,6 +191,9 @@ struct Run<'c, B: AutodiffBackend> {
     learner: Learner<B>,
     tokenizer: PluginTokenizer,
     filter: RolloutFilter,
+    schedule: LrSchedule,
+    /// The best validation success so far (what `checkpoint-best/` holds).
+    best: Option<f64>,
     alarm: CollapseAlarm,
     sampling: SamplingConfig,
     history: Vec<StepMetrics>,
@@ -176,6 +223,8 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
             learner,
             tokenizer,
             filter: RolloutFilter { ratio: resolved.rollout_filter_ratio },
+            schedule: resolved.schedule,
+            best: None,
             alarm: CollapseAlarm::default(),
             sampling: SamplingConfig { temperature: config.sampling.temperature as f32, think_budget: config.sampling.think_budget },
             history: Vec::new(),
@@ -187,12 +236,18 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
     /// Load the checkpoint and the metrics of the steps it covers; returns
     /// the first step still to run.
     fn resume(&mut self) -> Result<u64> {
-        let state_file = self.dir.checkpoint().join("state.json");
-        let state: CheckpointState = serde_json::from_str(
-            &std::fs::read_to_string(&state_file).with_context(|| format!("no checkpoint to resume in `{}`", self.dir.0.display()))?,
-        )
-        .context("the checkpoint's state.json is damaged")?;
+        let state = CheckpointState::read(&self.dir.checkpoint()).with_context(|| format!("cannot resume `{}`", self.dir.0.display()))?;
         self.learner.load(&self.dir.checkpoint())?;
+        // The best so far, unless it came from steps about to be replayed
+        // (a crash after it and before the next regular checkpoint): the
+        // replay validates them again.
+        if let Ok(best) = CheckpointState::read(&self.dir.best()) {
+            if best.step <= state.step {
+                self.best = best.val_success;
+            } else {
+                std::fs::remove_dir_all(self.dir.best()).context("cannot remove a best checkpoint newer than the one resumed")?;
+            }
+        }
         if self.dir.metrics().exists() {
             self.history = read_metrics(&self.dir.metrics())?.into_iter().filter(|m| m.step < state.step).collect();
         }
@@ -233,6 +288,8 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
         let std_after = kept.iter().map(|&g| std(&group_rewards[g]) as f64).sum::<f64>() / kept.len().max(1) as f64;
         let std_before = group_rewards.iter().map(|r| std(r) as f64).sum::<f64>() / group_rewards.len().max(1) as f64;
 
+        let lr = self.schedule.lr_at(step);
+        self.learner.set_lr(lr);
         let clock = std::time::Instant::now();
         let (stats, skipped) = match self.learner.update(&batch, &self.tokenizer) {
             Ok(s) => (s, None),
@@ -261,6 +318,7 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
             kl_to_reference: stats.kl_to_reference,
             truncated_trajectories: stats.truncated,
             optimizer_steps: stats.optimizer_steps,
+            lr,
             world_model_loss: stats.world_model_loss,
             failed_episodes: before.failures,
             episodes: ts.len(),
@@ -296,31 +354,30 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
         )
     }
 
-    /// Success on the fixed validation seeds (from 123), at the validation
-    /// temperature.
+    /// Success on the fixed validation seeds (from `VAL_SEED_START`, apart
+    /// from the eval seeds), at the validation temperature.
     fn validate(&self, seed: u64) -> Result<f64> {
         let sampling = SamplingConfig { temperature: self.config.sampling.val_temperature as f32, ..self.sampling };
         let mut policy = self.policy(sampling, seed ^ 1);
-        let seeds: Vec<u64> = (0..self.config.val_episodes.max(1) as u64).map(|i| ragen_agent::EVAL_SEED_START + i).collect();
+        let seeds = ragen_agent::validation_seeds(self.config.val_episodes.max(1));
         Ok(summarize(&self.val_runner.run(&mut policy, &seeds)?).success_rate)
     }
 }
 
-/// Write the checkpoint beside the old one, then swap, so a crash or a full
-/// disk mid-write never leaves a damaged checkpoint in place.
-fn save_checkpoint<B: AutodiffBackend>(learner: &Learner<B>, dir: &RunDir, step: u64) -> Result<()> {
-    let target = dir.checkpoint();
-    let tmp = dir.0.join("checkpoint.tmp");
-    let old = dir.0.join("checkpoint.old");
+/// Write the checkpoint `target` beside the old one, then swap, so a crash
+/// or a full disk mid-write never leaves a damaged checkpoint in place.
+fn save_checkpoint<B: AutodiffBackend>(learner: &Learner<B>, target: &Path, state: CheckpointState) -> Result<()> {
+    let tmp = target.with_extension("tmp");
+    let old = target.with_extension("old");
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).context("cannot create checkpoint.tmp")?;
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create `{}`", tmp.display()))?;
     learner.save(&tmp)?;
-    std::fs::write(tmp.join("state.json"), serde_json::to_string(&CheckpointState { step })?).context("cannot write state.json")?;
+    std::fs::write(tmp.join("state.json"), serde_json::to_string(&state)?).context("cannot write state.json")?;
     let _ = std::fs::remove_dir_all(&old);
     if target.exists() {
-        std::fs::rename(&target, &old).context("cannot move the previous checkpoint aside")?;
+        std::fs::rename(target, &old).context("cannot move the previous checkpoint aside")?;
     }
-    std::fs::rename(&tmp, &target).context("cannot put the new checkpoint in place")?;
+    std::fs::rename(&tmp, target).context("cannot put the new checkpoint in place")?;
     let _ = std::fs::remove_dir_all(&old);
     Ok(())
 }
@@ -341,15 +398,34 @@ pub fn build_learner<B: AutodiffBackend>(
     Ok((Learner::new(model, grammar, resolved.update, device), tokenizer))
 }
 
-/// Load a trained policy from a run directory for evaluation.
+/// The run directory and the checkpoint that `path` names: a run directory
+/// (its `checkpoint-best/` when validation kept one, else its latest
+/// `checkpoint/`) or one checkpoint directory inside a run.
+pub fn find_checkpoint(path: &Path) -> Result<(RunDir, PathBuf)> {
+    if path.join("state.json").exists() {
+        let run = path.parent().filter(|p| p.join("config.toml").exists()).with_context(|| {
+            format!("`{}` is a checkpoint, but the folder above it has no config.toml: pass the run directory", path.display())
+        })?;
+        return Ok((RunDir(run.to_path_buf()), path.to_path_buf()));
+    }
+    let run = RunDir(path.to_path_buf());
+    let best = run.best();
+    let checkpoint = if best.join("state.json").exists() { best } else { run.checkpoint() };
+    Ok((run, checkpoint))
+}
+
+/// Load a trained policy for evaluation from `path` (see
+/// [`find_checkpoint`]), and say which checkpoint it read.
 pub fn load_policy<B: AutodiffBackend>(
-    run: &Path,
+    path: &Path,
     spec: &ragen_runtime::EnvSpec,
     device: B::Device,
-) -> Result<(TrainConfig, Learner<B>, PluginTokenizer)> {
-    let dir = RunDir(run.to_path_buf());
-    let config = TrainConfig::load(&dir.config())?;
+) -> Result<(TrainConfig, Learner<B>, PluginTokenizer, CheckpointInfo)> {
+    let (run, checkpoint) = find_checkpoint(path)?;
+    let config = TrainConfig::load(&run.config())?;
+    let state = CheckpointState::read(&checkpoint)?;
     let (mut learner, tokenizer) = build_learner::<B>(&config, spec, device)?;
-    learner.load(&dir.checkpoint())?;
-    Ok((config, learner, tokenizer))
+    learner.load(&checkpoint)?;
+    let info = CheckpointInfo { dir: checkpoint, step: state.step, val_success: state.val_success };
+    Ok((config, learner, tokenizer, info))
 }
