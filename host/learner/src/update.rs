@@ -5,8 +5,8 @@
 //! 2. one pass without gradients: the critic's values before the update
 //!    (and the frozen reference's log-probs when the KL term is on);
 //! 3. advantages: GAE over the agent tokens with the trajectory reward on
-//!    the last one (PPO), or the group-normalised reward (GRPO); whitened
-//!    over the batch;
+//!    the last one (PPO), whitened over the batch, or the group-normalised
+//!    reward of each trajectory (GRPO), as verl computes them;
 //! 4. `epochs` passes over the batch in mini-batches, one AdamW step each:
 //!    loss = clipped surrogate + value_coef · clipped value loss
 //!    − entropy_coef · entropy (+ kl_coef · KL) (+ world_model_coef ·
@@ -44,6 +44,8 @@ pub struct UpdateConfig {
     pub gamma: f32,
     pub lambda: f32,
     pub max_grad_norm: f64,
+    /// The rate of the next update's AdamW steps; a run sets it every step
+    /// from its [`LrSchedule`](crate::LrSchedule).
     pub lr: f64,
     pub weight_decay: f32,
     /// The temperature replies were sampled at.
@@ -190,6 +192,12 @@ where
         let optimizer = AdamWConfig::new().with_weight_decay(config.weight_decay).init();
         let reference = (config.kl_coef != 0.0).then(|| model.valid());
         Self { model: Some(model), reference, optimizer, grammar, config, device }
+    }
+
+    /// The learning rate of the updates from now on (a schedule's rate
+    /// for the coming step).
+    pub fn set_lr(&mut self, lr: f64) {
+        self.config.lr = lr;
     }
 
     /// The model without gradient tracking, for sampling.
@@ -458,19 +466,34 @@ fn score<B: Backend, N: PolicyNetwork<B>>(
     let taken = Tensor::<B, 2, Int>::from_data(TensorData::new(taken, [n, 1]), device);
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), device);
 
-    let (logits, values) = net.logits_and_values(ids); // [c, l, v], [c, l]
-    let logits = logits.reshape([chunk.len() * l, vocab]); // [c·l, v]
+    // One output-layer pass over the scored positions: the agent's tokens,
+    // then (for the world-model loss) the env's.
+    let observed: Vec<(i64, i64)> = if world_model {
+        chunk
+            .iter()
+            .enumerate()
+            .flat_map(|(r, row)| row.observed.iter().map(move |&i| ((r * l + i) as i64 - 1, row.tokens[i] as i64)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let m = observed.len();
+    let at = if m == 0 {
+        picks.clone()
+    } else {
+        let observed_at = Tensor::<B, 1, Int>::from_data(TensorData::new(observed.iter().map(|o| o.0).collect(), [m]), device);
+        Tensor::cat(vec![picks.clone(), observed_at], 0)
+    };
+    let (logits, values) = net.logits_at_and_values(ids, at); // [n + m, v], [c, l]
     let world_model = world_model.then(|| {
-        let at: Vec<i64> =
-            chunk.iter().enumerate().flat_map(|(r, row)| row.observed.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
-        let m = at.len();
-        let next: Vec<i64> = chunk.iter().flat_map(|r| r.observed.iter().map(|&i| r.tokens[i] as i64)).collect();
-        let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at, [m]), device);
-        let next = Tensor::<B, 2, Int>::from_data(TensorData::new(next, [m, 1]), device);
-        let logp = burn::tensor::activation::log_softmax(logits.clone().select(0, at), 1); // [m, v]
+        if m == 0 {
+            return (Tensor::zeros([1], device), 0);
+        }
+        let next = Tensor::<B, 2, Int>::from_data(TensorData::new(observed.iter().map(|o| o.1).collect(), [m, 1]), device);
+        let logp = burn::tensor::activation::log_softmax(logits.clone().narrow(0, n, m), 1); // [m, v]
         (logp.gather(1, next).sum().neg(), m)
     });
-    let logp_all = masked_log_softmax(logits.select(0, picks.clone()), allowed, temperature); // [n, v]
+    let logp_all = masked_log_softmax(logits.narrow(0, 0, n), allowed, temperature); // [n, v]
     Scores {
         logp: logp_all.clone().gather(1, taken).reshape([n]),
         entropy: crate::loss::entropy(logp_all),

@@ -132,6 +132,18 @@ impl<B: Backend> Llm<B> {
         (logits.reshape([b, t, self.vocab_size()]), values.reshape([b, t]))
     }
 
+    /// The whole sequence at once, with logits only at the flat positions
+    /// `at` `[n]` (position `i` of row `r` is `r·t + i`): logits `[n, v]`
+    /// and values `[b, t]`. With a vocabulary of tens of thousands the
+    /// output layer is most of a small model's work and memory; the learner
+    /// needs it only where it scores tokens.
+    pub fn logits_at(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let [b, t] = tokens.dims();
+        let x = self.hidden_cached(tokens, &mut KvCache::new(self.layers.len())); // [b·t, d]
+        let values = self.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
+        (self.lm_head.forward(x.select(0, at)), values) // [n, v], [b, t]
+    }
+
     /// The last position's logits `[b, v]` only: the output layer (the
     /// largest matrix of a small model) runs on `b` rows, not `b·t`.
     pub fn last_logits_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 2> {
@@ -256,8 +268,8 @@ impl<B: Backend> CausalLm<B> for Llm<B> {
 }
 
 impl<B: Backend> PolicyNetwork<B> for Llm<B> {
-    fn logits_and_values(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
-        self.forward(tokens)
+    fn logits_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        self.logits_at(tokens, at)
     }
 
     /// Attention scores `[b, h, l, l]` and logits `[b, l, v]` dominate; keep

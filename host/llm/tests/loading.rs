@@ -401,12 +401,19 @@ fn sampling_matches_a_full_pass(arch: Architecture) {
         assert_eq!(s.tokens.len(), 12);
         let all: Vec<i64> = prompt.iter().chain(&s.tokens).map(|&x| x as i64).collect();
         let n = all.len();
-        let (logits, _) = m.model.forward(Tensor::<B, 2, Int>::from_data(TensorData::new(all, [1, n]), &device));
+        let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(all, [1, n]), &device);
+        let (logits, _) = m.model.forward(ids.clone());
         let logp = burn::tensor::activation::log_softmax(logits, 2).into_data().to_vec::<f32>().unwrap();
         let v = m.config.vocab_size;
+        // The learner's path: the output layer at the reply's positions only.
+        let at: Vec<i64> = (0..s.tokens.len()).map(|i| (prompt.len() + i - 1) as i64).collect();
+        let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at, [s.tokens.len()]), &device);
+        let (picked, _) = ragen_policy::PolicyNetwork::logits_at_and_values(&m.model, ids, at);
+        let picked = burn::tensor::activation::log_softmax(picked, 1).into_data().to_vec::<f32>().unwrap();
         for (i, (&tok, &lp)) in s.tokens.iter().zip(&s.logprobs).enumerate() {
             let full = logp[(prompt.len() + i - 1) * v + tok as usize];
             assert!((full - lp).abs() < 1e-4, "{arch:?} token {i}: sampled log-prob {lp}, full pass {full}");
+            assert!((picked[i * v + tok as usize] - full).abs() < 1e-5, "{arch:?} token {i}: logits at chosen positions");
         }
     }
 }

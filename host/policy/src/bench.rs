@@ -27,6 +27,9 @@ pub struct PolicyBenchConfig {
 /// Tokens per second.
 #[derive(Clone, Debug, Serialize)]
 pub struct PolicyBenchReport {
+    /// The model's vocabulary (the tokenizer the plugin's words built), for
+    /// a twin elsewhere (`scripts/reference/policy_bench.py --vocab`).
+    pub vocab: usize,
     pub prompt_tokens: usize,
     pub batch: usize,
     /// Forward and backward over `batch` sequences of prompt-plus-reply length.
@@ -95,6 +98,7 @@ pub fn bench_policy<B: AutodiffBackend>(
         b * len
     });
     PolicyBenchReport {
+        vocab: model.vocab_size(),
         prompt_tokens: longest,
         batch: b,
         train_tokens_per_s: train,
@@ -108,7 +112,7 @@ pub fn bench_policy<B: AutodiffBackend>(
 impl PolicyBenchReport {
     pub fn to_text(&self) -> String {
         format!(
-            "policy: prompts up to {} tokens, replies up to {} tokens, batch {}\n\
+            "policy: prompts up to {} tokens, replies up to {} tokens, batch {}, vocabulary {}\n\
              train (forward + backward)   {:>10.0} tokens/s\n\
              sample, KV cache, batched    {:>10.0} tokens/s\n\
              sample, no cache, batched    {:>10.0} tokens/s  (cache speed-up {:.1}x)\n\
@@ -116,6 +120,7 @@ impl PolicyBenchReport {
             self.prompt_tokens,
             self.reply_tokens,
             self.batch,
+            self.vocab,
             self.train_tokens_per_s,
             self.sample_tokens_per_s_cached,
             self.sample_tokens_per_s_uncached,

@@ -208,6 +208,11 @@ impl<B: Backend> PolicyModel<B> {
         self.max_seq_len
     }
 
+    /// Tokens the model reads and predicts.
+    pub fn vocab_size(&self) -> usize {
+        self.token_embedding.weight.dims()[0]
+    }
+
     fn head_width(&self) -> usize {
         self.token_embedding.weight.dims()[1] / self.n_heads()
     }
@@ -222,6 +227,30 @@ impl<B: Backend> PolicyModel<B> {
     /// The next `t` tokens after what `cache` holds; returns their logits
     /// and values and extends the cache.
     pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
+        let [b, t] = tokens.dims();
+        let x = self.hidden_cached(tokens, cache); // [b, t, d]
+        let logits = self.lm_head.forward(x.clone()); // [b, t, v]
+        let values = self.value_head.forward(x).reshape([b, t]); // [b, t]
+        (logits, values)
+    }
+
+    /// The whole sequence at once, with logits only at the flat positions
+    /// `at` `[n]` (position `i` of row `r` is `r·t + i`): logits `[n, v]`
+    /// and values `[b, t]`. The learner scores a few positions of each
+    /// sequence (the agent's tokens), so the output layer and its gradient
+    /// skip the rest.
+    pub fn logits_at(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let [b, t] = tokens.dims();
+        let x = self.hidden_cached(tokens, &mut KvCache::new(self.blocks.len())); // [b, t, d]
+        let d = x.dims()[2];
+        let values = self.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
+        let picked = x.reshape([b * t, d]).select(0, at); // [n, d]
+        (self.lm_head.forward(picked), values) // [n, v], [b, t]
+    }
+
+    /// The final hidden states `[b, t, d]`, normalised, of the next `t`
+    /// tokens after what `cache` holds; extends the cache.
+    fn hidden_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
         let [b, t] = tokens.dims();
         let offset = cache.len;
         assert!(
@@ -245,10 +274,7 @@ impl<B: Backend> PolicyModel<B> {
             x = block.forward(x, layer_cache, padding.clone(), rotation.as_ref());
         }
         cache.advance(t);
-        let x = self.norm.forward(x);
-        let logits = self.lm_head.forward(x.clone()); // [b, t, v]
-        let values = self.value_head.forward(x).reshape([b, t]); // [b, t]
-        (logits, values)
+        self.norm.forward(x)
     }
 }
 

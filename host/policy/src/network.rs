@@ -13,10 +13,15 @@ use burn::prelude::*;
 
 /// A causal language model with a value head, as the learner sees it.
 pub trait PolicyNetwork<B: Backend>: Module<B> {
-    /// Tokens `[b, l]` to next-token logits `[b, l, v]` (position `i`
-    /// predicts token `i + 1`) and values `[b, l]`. Rows may be
-    /// right-padded: position `i` must not depend on anything after it.
-    fn logits_and_values(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>);
+    /// Tokens `[b, l]` to next-token logits at the flat positions `at`
+    /// `[n]` (position `i` of row `r` is `r·l + i`; it predicts token
+    /// `i + 1`), `[n, v]`, and values at every position, `[b, l]`. Rows may
+    /// be right-padded: position `i` must not depend on anything after it.
+    ///
+    /// Only the positions asked for: the learner scores the agent's tokens,
+    /// a small share of a conversation, and the output layer over the whole
+    /// vocabulary at every position would be most of the work.
+    fn logits_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>);
 
     /// How many sequences of `len` tokens one pass should hold at most, to
     /// keep memory in bounds (the learner splits its batch accordingly).
@@ -28,8 +33,8 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
 }
 
 impl<B: Backend> PolicyNetwork<B> for crate::PolicyModel<B> {
-    fn logits_and_values(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
-        self.forward(tokens)
+    fn logits_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        self.logits_at(tokens, at)
     }
 
     /// The autodiff path materialises attention scores `[b, h, l, l]`;

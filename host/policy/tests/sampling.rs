@@ -42,9 +42,16 @@ fn forward_gives_logits_and_values_per_position() {
     let tok = PluginTokenizer::new(&spec());
     let m = model(&tok);
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(vec![1i64; 14], [2, 7]), &Default::default());
-    let (logits, values) = m.forward(ids);
+    let (logits, values) = m.forward(ids.clone());
     assert_eq!(logits.dims(), [2, 7, tok.vocab_size()]);
     assert_eq!(values.dims(), [2, 7]);
+    // The learner's path: logits at chosen flat positions only, the same
+    // numbers; values everywhere.
+    let at = Tensor::<B, 1, Int>::from_data(TensorData::new(vec![0i64, 6, 9, 13], [4]), &Default::default());
+    let (picked, values_too) = ragen_policy::PolicyNetwork::logits_at_and_values(&m, ids, at.clone());
+    let v = tok.vocab_size();
+    picked.into_data().assert_approx_eq::<f32>(&logits.reshape([14, v]).select(0, at).into_data(), burn::tensor::Tolerance::absolute(1e-5));
+    values_too.into_data().assert_approx_eq::<f32>(&values.into_data(), burn::tensor::Tolerance::absolute(1e-6));
 }
 
 #[test]
