@@ -1,7 +1,10 @@
 //! Which Burn backend the policy runs on. `flex` (CPU) is always built;
 //! `wgpu` (Vulkan, Metal, DX12; Mesa's lavapipe on a machine without a GPU)
 //! and `cuda` are cargo features of ragen-host, so a default build stays
-//! small and needs no GPU toolchain.
+//! small and needs no GPU toolchain. `libtorch` (cargo feature `libtorch`)
+//! runs Burn's LibTorch backend on the CPU, PyTorch's own kernels: it builds
+//! against the PyTorch wheel of a Python environment (see docs/results.md,
+//! "Policy speed"), so it is never part of a default build or of CI.
 
 use clap::ValueEnum;
 
@@ -13,6 +16,9 @@ pub enum BackendChoice {
     Wgpu,
     /// Burn's CUDA backend (cargo feature `cuda`).
     Cuda,
+    /// Burn's LibTorch backend on the CPU (cargo feature `libtorch`; needs
+    /// PyTorch's libraries at build and run time).
+    Libtorch,
 }
 
 impl BackendChoice {
@@ -21,6 +27,7 @@ impl BackendChoice {
             Self::Flex => "flex",
             Self::Wgpu => "wgpu",
             Self::Cuda => "cuda",
+            Self::Libtorch => "libtorch",
         }
     }
 
@@ -30,6 +37,7 @@ impl BackendChoice {
             Self::Flex => true,
             Self::Wgpu => cfg!(feature = "wgpu"),
             Self::Cuda => cfg!(feature = "cuda"),
+            Self::Libtorch => cfg!(feature = "libtorch"),
         }
     }
 
@@ -107,6 +115,12 @@ macro_rules! with_backend {
                 type $B = $crate::backend::with_backend!(@type [$($wrap)*] burn::backend::Cuda);
                 let $device = $crate::backend::default_device::<$B>();
                 $crate::backend::probe::<$B>(BackendChoice::Cuda, &$device)?;
+                $body
+            }
+            #[cfg(feature = "libtorch")]
+            BackendChoice::Libtorch => {
+                type $B = $crate::backend::with_backend!(@type [$($wrap)*] burn::backend::LibTorch);
+                let $device = $crate::backend::default_device::<$B>();
                 $body
             }
             #[allow(unreachable_patterns)]
