@@ -143,17 +143,35 @@ fn the_schedule_sets_each_steps_rate_and_the_best_validated_checkpoint_is_kept()
     let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("checkpoint-best/state.json")).unwrap()).unwrap();
     assert_eq!((state["step"].as_u64().unwrap(), state["val_success"].as_f64().unwrap()), (best_step, best), "{val:?}");
 
-    // eval reads the best by default and says so; a checkpoint folder picks one.
+    // eval reads the best by default and says so; a checkpoint folder picks
+    // one. On the validation seeds (from 1,000,000, not the eval seeds from
+    // 123), with the run's sampling seed, eval replays validation exactly:
+    // the success that chose the checkpoint was measured there.
     let eval = |path: &std::path::Path| {
-        let out =
-            ragen_host(&["eval", "--env", bandit.to_str().unwrap(), "--checkpoint", path.to_str().unwrap(), "--episodes", "8", "--json"]);
+        let out = ragen_host(&[
+            "eval",
+            "--env",
+            bandit.to_str().unwrap(),
+            "--checkpoint",
+            path.to_str().unwrap(),
+            "--episodes",
+            "16",
+            "--seed-start",
+            "1000000",
+            "--seed",
+            "0",
+            "--json",
+        ]);
         assert!(out.status.success(), "{}", text(&out));
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["checkpoint"].as_str().unwrap().to_string()
+        let v = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+        (v["checkpoint"].as_str().unwrap().to_string(), v["success_rate"].as_f64().unwrap())
     };
-    let read = eval(&run);
+    let (read, success) = eval(&run);
     assert!(read.contains("checkpoint-best") && read.contains(&format!("after step {best_step}")), "{read}");
-    let read = eval(&run.join("checkpoint"));
+    assert_eq!(success, best, "validation of the best checkpoint replayed on the validation seeds");
+    let (read, success) = eval(&run.join("checkpoint"));
     assert!(read.contains("checkpoint`") && read.contains("after step 5"), "{read}");
+    assert_eq!(success, val[4], "the last step's validation replayed on the validation seeds");
 }
 
 /// Every metric of every line but the wall-clock timings.

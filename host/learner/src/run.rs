@@ -297,7 +297,7 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
         };
         let update_seconds = clock.elapsed().as_secs_f64();
         let val_success = if (step + 1).is_multiple_of(config.test_freq.max(1)) || step + 1 == config.steps || step == 0 {
-            Some(self.validate(seed)?)
+            Some(self.validate()?)
         } else {
             None
         };
@@ -356,9 +356,14 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
 
     /// Success on the fixed validation seeds (from `VAL_SEED_START`, apart
     /// from the eval seeds), at the validation temperature.
-    fn validate(&self, seed: u64) -> Result<f64> {
+    /// Success on the validation seeds. Every validation draws with the
+    /// same sampling seed (the run's), so checkpoints are compared on the
+    /// same envs and the same random numbers, and `ragen-host eval
+    /// --checkpoint DIR --seed-start 1000000 --episodes <val_episodes>
+    /// --seed <seed>` replays one exactly.
+    fn validate(&self) -> Result<f64> {
         let sampling = SamplingConfig { temperature: self.config.sampling.val_temperature as f32, ..self.sampling };
-        let mut policy = self.policy(sampling, seed ^ 1);
+        let mut policy = self.policy(sampling, self.config.seed);
         let seeds = ragen_agent::validation_seeds(self.config.val_episodes.max(1));
         Ok(summarize(&self.val_runner.run(&mut policy, &seeds)?).success_rate)
     }
