@@ -167,7 +167,7 @@ enum Command {
     /// filter, entropy, gradient norm, clip fraction, approx KL, KL to the
     /// reference, reply length, valid actions, timings, validation success
     /// every test_freq steps), dashboard.png and a checkpoint every save_freq
-    /// steps and on Ctrl-C. `--resume DIR` continues a run exactly.
+    /// steps and on Ctrl-C or SIGTERM. `--resume DIR` continues a run exactly.
     /// Example: `ragen-host train --env target/plugins/bandit.wasm --steps 20
     /// --out runs/bandit`.
     Train {

@@ -74,19 +74,20 @@ fn resolve(opts: &Options) -> Result<(TrainConfig, PathBuf, bool)> {
     Ok((config, out, resume))
 }
 
-/// The flag the first Ctrl-C raises (the run stops after the current step,
-/// with a checkpoint); a second one exits at once.
+/// The flag the first Ctrl-C (or SIGTERM, or SIGHUP: a scheduler's or
+/// `timeout`'s stop) raises: the run stops after the current step, with a
+/// checkpoint. A second one exits at once.
 fn stop_on_ctrl_c() -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || {
         if flag.swap(true, Ordering::SeqCst) {
-            eprintln!("\nsecond Ctrl-C: stopping now without a final checkpoint");
+            eprintln!("\nsecond stop signal: stopping now without a final checkpoint");
             std::process::exit(130);
         }
-        eprintln!("\nCtrl-C: finishing this step, then writing a checkpoint (Ctrl-C again to abort)");
+        eprintln!("\nstop signal (Ctrl-C or SIGTERM): finishing this step, then writing a checkpoint (Ctrl-C again to abort)");
     })
-    .context("cannot install the Ctrl-C handler")?;
+    .context("cannot install the Ctrl-C and SIGTERM handler")?;
     Ok(stop)
 }
 

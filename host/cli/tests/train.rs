@@ -1,7 +1,8 @@
 //! `ragen-host train`: a short Bandit run leaves its config, metrics and
 //! checkpoint; a resumed run continues it exactly; `eval --checkpoint`
 //! reads it back; a schedule sets each step's learning rate and the best
-//! validated checkpoint is kept apart.
+//! validated checkpoint is kept apart; SIGTERM stops a run with a
+//! checkpoint.
 
 mod common;
 
@@ -232,4 +233,46 @@ fn compare_draws_runs_side_by_side_and_names_a_bad_directory() {
 
     let out = ragen_host(&["compare", dir.to_str().unwrap(), "--out", png.to_str().unwrap()]);
     assert!(!out.status.success() && text(&out).contains("no metrics.jsonl"), "{}", text(&out));
+}
+
+#[test]
+fn sigterm_stops_a_run_after_its_step_with_a_checkpoint() {
+    // A stop from a scheduler or `timeout` (SIGTERM) must not lose the run:
+    // like Ctrl-C, it finishes the step in hand and writes a checkpoint,
+    // although no periodic checkpoint is due.
+    let dir = scratch("train-sigterm");
+    let config = dir.join("long.toml");
+    std::fs::write(&config, SMALL.replace("steps = 6", "steps = 100000").replace("save_freq = 2", "save_freq = 100000")).unwrap();
+    let run = dir.join("run");
+    let _ = std::fs::remove_dir_all(&run);
+    let bandit = plugin("bandit");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ragen-host"))
+        .args(["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--out", run.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = || std::fs::read_to_string(run.join("metrics.jsonl")).map(|m| m.lines().count()).unwrap_or(0);
+    let started = std::time::Instant::now();
+    while lines() < 3 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(120), "the run wrote no 3 steps in 2 minutes");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended on its own");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let kill = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("the run did not stop within a minute of SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("--resume"), "says how to continue: {}", text(&out));
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    assert_eq!(state["step"].as_u64().unwrap() as usize, lines(), "the checkpoint holds every step metrics.jsonl reports");
 }
