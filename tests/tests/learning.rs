@@ -34,7 +34,7 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
     let model =
         PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
     let grammar = AnswerGrammar::new(&tok, false, 0, 1);
-    let mut learner = Learner::new(model, grammar, UpdateConfig { lr: 3e-3, ..UpdateConfig::default() }, device);
+    let mut learner = Learner::new(model, Some(grammar), UpdateConfig { lr: 3e-3, ..UpdateConfig::default() }, device);
 
     let mut history = vec![];
     for step in 0..60u64 {
@@ -72,7 +72,7 @@ fn the_kl_term_starts_at_zero_and_grows_as_the_policy_moves() {
     let model =
         PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
     let grammar = AnswerGrammar::new(&tok, false, 0, 1);
-    let mut learner = Learner::new(model, grammar, UpdateConfig { lr: 1e-2, kl_coef: 0.01, ..UpdateConfig::default() }, device);
+    let mut learner = Learner::new(model, Some(grammar), UpdateConfig { lr: 1e-2, kl_coef: 0.01, ..UpdateConfig::default() }, device);
     let mut kls = vec![];
     for step in 0..4u64 {
         let sampling = SamplingConfig { temperature: 1.0, think_budget: 0 };
@@ -105,7 +105,7 @@ fn frozenlake_batch(update: UpdateConfig) -> (Vec<Trajectory>, PluginTokenizer, 
     let model =
         PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
     let grammar = AnswerGrammar::new(&tok, false, 0, 1);
-    let learner = Learner::new(model, grammar, update, device);
+    let learner = Learner::new(model, Some(grammar), update, device);
     let sampling = SamplingConfig { temperature: 1.0, think_budget: 0 };
     let mut policy = BurnPolicy::new(learner.policy_model(), tok.clone(), false, 1, sampling, 7, Default::default());
     let ts = runner.run(&mut policy, &[1, 2, 3, 4]).unwrap();
@@ -160,7 +160,7 @@ fn with_a_context_window_the_learner_reads_exactly_what_each_reply_was_sampled_f
     let device = Default::default();
     let model =
         PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
-    let mut learner = Learner::new(model, AnswerGrammar::new(&tok, false, 0, 1), UpdateConfig::default(), device);
+    let mut learner = Learner::new(model, Some(AnswerGrammar::new(&tok, false, 0, 1)), UpdateConfig::default(), device);
     let sampling = SamplingConfig { temperature: 1.0, think_budget: 0 };
     let mut policy = BurnPolicy::new(learner.policy_model(), tok.clone(), false, 1, sampling, 3, Default::default());
     let ts = runner.run(&mut policy, &[1, 2, 3, 4]).unwrap();

@@ -24,6 +24,14 @@ pub trait Tokenizer: Send + Sync {
         };
         self.encode(&format!("<|{name}|>\n"))
     }
+
+    /// The exact tokens a chat model reads before its reply: `messages`
+    /// rendered by its chat template with the generation prompt, then the
+    /// pre-fill. `None` (the default) for tokenizers without a template,
+    /// whose conversations are laid out as role headers and texts.
+    fn chat_prompt(&self, _messages: &[Message<'_>], _prefill: &str) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 /// One byte per token: can represent any text; the scripted policies use it.

@@ -2,7 +2,7 @@
 //! conversation, the agent's tokens, and per-turn outcomes.
 
 use crate::parse::Parsed;
-use crate::policy::Tokenizer;
+use crate::policy::{Message, Tokenizer};
 use crate::prompt::Role;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -106,8 +106,12 @@ impl TokenView {
 impl Trajectory {
     /// The sequences the policy's replies were sampled from, each with
     /// its replies: the whole conversation as one view, or, with a context
-    /// window, one view per reply (the window it read, then the reply).
+    /// window or a chat template, one view per reply (the prompt it read,
+    /// then the reply).
     pub fn token_views(&self, tokenizer: &dyn Tokenizer) -> Vec<TokenView> {
+        if let Some(views) = self.chat_views(tokenizer) {
+            return views;
+        }
         if self.context_window.is_none() {
             return vec![self.token_view(tokenizer)];
         }
@@ -118,6 +122,30 @@ impl Trajectory {
                 lay_out(read.into_iter().chain(std::iter::once(&self.segments[i])), tokenizer)
             })
             .collect()
+    }
+
+    /// With a tokenizer that renders a chat template, one view per reply:
+    /// the exact prompt the policy read ([`Tokenizer::chat_prompt`]) and the
+    /// sampled tokens. A template may render a past reply otherwise than as
+    /// its sampled tokens, so the whole conversation is not one sequence.
+    fn chat_views(&self, tokenizer: &dyn Tokenizer) -> Option<Vec<TokenView>> {
+        (0..self.segments.len())
+            .filter(|&i| self.segments[i].role == Role::Assistant)
+            .map(|i| {
+                let messages: Vec<Message> =
+                    visible(&self.segments[..i], self.context_window).map(|s| Message { role: s.role, text: &s.text }).collect();
+                let reply = &self.segments[i];
+                let prompt = tokenizer.chat_prompt(&messages, &reply.prefill)?;
+                let n = prompt.len();
+                Some(TokenView {
+                    tokens: prompt.into_iter().chain(reply.tokens.iter().copied()).collect(),
+                    loss_mask: std::iter::repeat_n(0, n).chain(std::iter::repeat_n(1, reply.tokens.len())).collect(),
+                    logprobs: std::iter::repeat_n(0.0, n).chain(reply.logprobs.iter().copied()).collect(),
+                    turn_starts: vec![n],
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .filter(|views| !views.is_empty())
     }
 
     /// Lay the conversation out as tokens: each message's role header and

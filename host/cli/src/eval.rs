@@ -96,22 +96,8 @@ fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<(Box<dyn Policy
     Ok(match (&opts.checkpoint, opts.policy.as_str()) {
         (Some(run), _) => {
             type B = burn::backend::Autodiff<burn::backend::Flex>;
-            let (config, learner, tokenizer, read) = ragen_learner::load_policy::<B>(run, runner.spec(), Default::default())?;
-            let sampling = ragen_policy::SamplingConfig {
-                temperature: config.sampling.val_temperature as f32,
-                think_budget: config.sampling.think_budget,
-            };
-            let think = config.agent.rollout.enable_think;
-            let policy = Box::new(ragen_policy::BurnPolicy::new(
-                learner.policy_model(),
-                tokenizer,
-                think,
-                runner.limits().max_actions_per_turn,
-                sampling,
-                opts.seed,
-                Default::default(),
-            ));
-            (policy as Box<dyn Policy>, Some(read.to_string()))
+            let (policy, _, read) = ragen_learner::load_trained::<B>(run, runner.spec(), Default::default(), opts.seed)?;
+            (policy, Some(read.to_string()))
         }
         (None, "random") => (Box::new(RandomPolicy::new(opts.seed)), None),
         (None, "sokoban-solver") => {

@@ -160,8 +160,10 @@ enum Command {
         #[command(flatten)]
         settings: Settings,
     },
-    /// Train a policy from scratch on a plugin with StarPO-S (default),
-    /// StarPO (adds a KL term to the frozen initial policy) or GRPO. The run
+    /// Train a policy on a plugin with StarPO-S (default), StarPO (adds a KL
+    /// term to the frozen initial policy) or GRPO: a transformer from
+    /// scratch, or with `--model` a pretrained LLM (LoRA when `[lora]` has
+    /// a rank; see examples/configs/smollm2-*.toml). The run
     /// directory gets config.toml (the resolved config), metrics.jsonl (one
     /// line per step: success, reward, reward std before/after the variance
     /// filter, entropy, gradient norm, clip fraction, approx KL, KL to the
@@ -169,7 +171,9 @@ enum Command {
     /// every test_freq steps), dashboard.png and a checkpoint every save_freq
     /// steps and on Ctrl-C or SIGTERM. `--resume DIR` continues a run exactly.
     /// Example: `ragen-host train --env target/plugins/bandit.wasm --steps 20
-    /// --out runs/bandit`.
+    /// --out runs/bandit`; with an LLM: `ragen-host train --env
+    /// target/plugins/bandit.wasm --config examples/configs/smollm2-bandit.toml
+    /// --out runs/smollm2-bandit`.
     Train {
         /// The environment plugin.
         #[arg(long)]
@@ -196,6 +200,10 @@ enum Command {
         /// starpo-s (default), starpo or grpo; each key stays overridable in [ppo].
         #[arg(long, value_parser = parse_algo)]
         algo: Option<ragen_learner::Algo>,
+        /// Train this pretrained model (a .gguf file or a Hugging Face
+        /// directory; overrides the config's model_path).
+        #[arg(long, value_name = "FILE")]
+        model: Option<PathBuf>,
         #[command(flatten)]
         settings: Settings,
     },
@@ -426,8 +434,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             dashboard::compare_runs(&runs, &out)?;
             eprintln!("wrote {}", out.display());
         }
-        Command::Train { env, config, steps, seed, out, backend, resume, algo, settings } => {
-            train::run(train::Options { env, config, steps, seed, out, backend, resume, algo, settings: settings.parse()? })?;
+        Command::Train { env, config, steps, seed, out, backend, resume, algo, model, settings } => {
+            train::run(train::Options { env, config, steps, seed, out, backend, resume, algo, model, settings: settings.parse()? })?;
         }
         Command::Chat { model, prompt, system, raw, seed, generation } => {
             let g = generation.sampling()?;

@@ -19,6 +19,7 @@ pub struct Options {
     pub backend: crate::backend::BackendChoice,
     pub resume: Option<PathBuf>,
     pub algo: Option<Algo>,
+    pub model: Option<PathBuf>,
     pub settings: Vec<(String, String)>,
 }
 
@@ -67,6 +68,12 @@ fn resolve(opts: &Options) -> Result<(TrainConfig, PathBuf, bool)> {
     }
     if let Some(algo) = opts.algo {
         config.algo = algo;
+    }
+    if let Some(model) = &opts.model {
+        if resume && config.model_path.as_ref() != Some(model) {
+            bail!("--model {} differs from the run's model_path; a resumed run keeps its model", model.display());
+        }
+        config.model_path = Some(model.clone());
     }
     for (k, v) in &opts.settings {
         config.agent.env.insert(k.clone(), toml::Value::String(v.clone()));

@@ -7,9 +7,10 @@ use crate::schedule::{Decay, LrSchedule};
 use crate::update::UpdateConfig;
 use anyhow::{Context, Result};
 use ragen_agent::AgentConfig;
+use ragen_llm::LoraConfig;
 use ragen_policy::PolicyModelConfig;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The three algorithms the paper compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,13 +89,18 @@ pub struct SamplingSection {
     pub temperature: f64,
     /// Validation temperature (the reference's 0.5).
     pub val_temperature: f64,
-    /// Thinking tokens before `</think>` is forced.
+    /// Thinking tokens before `</think>` is forced (the from-scratch
+    /// model's grammar; a pretrained model thinks freely).
     pub think_budget: u32,
+    /// The longest reply of a pretrained model, in tokens (RAGEN's
+    /// per-turn response length); a reply cut here has no `</answer>` and
+    /// pays the format penalty.
+    pub max_new_tokens: usize,
 }
 
 impl Default for SamplingSection {
     fn default() -> Self {
-        Self { temperature: 1.0, val_temperature: 0.5, think_budget: 16 }
+        Self { temperature: 1.0, val_temperature: 0.5, think_budget: 16, max_new_tokens: 200 }
     }
 }
 
@@ -150,6 +156,14 @@ pub struct TrainConfig {
     /// step's episodes fail in the env: a faulting plugin, not a policy
     /// problem. 1.0 never stops.
     pub max_failed_share: f64,
+    /// A pretrained model to train (a GGUF file or a Hugging Face
+    /// directory, RAGEN's `model_path`); absent: the from-scratch
+    /// transformer of `[model]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_path: Option<PathBuf>,
+    /// `[lora]`: adapters on the pretrained model (rank 0: the whole model
+    /// trains).
+    pub lora: LoraConfig,
     #[serde(flatten)]
     pub agent: AgentConfig,
     /// `[model]`: the policy transformer's shape (see [`model_keys`] for
@@ -170,6 +184,8 @@ impl Default for TrainConfig {
             save_freq: 10,
             val_episodes: 256,
             max_failed_share: 0.5,
+            model_path: None,
+            lora: LoraConfig::default(),
             agent: AgentConfig::default(),
             model: PolicyModelConfig::new(0),
             sampling: SamplingSection::default(),

@@ -7,6 +7,8 @@
 //! * [`Learner::update`]: one update, top to bottom;
 //! * [`LrSchedule`]: warm-up and decay of the learning rate;
 //! * [`config`]: the presets (`starpo-s`, `starpo`, `grpo`) and overrides;
+//! * [`trainee`]: what trains, the from-scratch transformer ([`Scratch`])
+//!   or a pretrained model with LoRA ([`Chat`]);
 //! * [`train`]: the run loop (rollouts, filter, update, validation, metrics,
 //!   checkpoints, resume).
 
@@ -17,12 +19,14 @@ pub mod loss;
 pub mod metrics;
 pub mod run;
 mod schedule;
+pub mod trainee;
 mod update;
 
 pub use advantages::{Estimator, SequenceInput, gae, grpo};
 pub use config::{Algo, Positions, TrainConfig};
 pub use filter::RolloutFilter;
 pub use metrics::{StepMetrics, read_metrics};
-pub use run::{CheckpointInfo, build_learner, find_checkpoint, load_policy, train};
+pub use run::{CheckpointInfo, build_learner, find_checkpoint, load_trained, train};
 pub use schedule::{Decay, LrSchedule};
+pub use trainee::{BaseModel, Chat, Scratch, Trainee};
 pub use update::{Learner, UpdateConfig, UpdateStats};

@@ -69,10 +69,15 @@ pub fn kl_to_reference<B: Backend>(logp: Tensor<B, 1>, ref_logp: Tensor<B, 1>, m
 }
 
 /// Log-probabilities `[n, v]` of the distribution sampled from: logits over
-/// the temperature with disallowed tokens pushed to −1e9 (not −inf, so that
-/// `p·log p` stays 0 for them instead of NaN).
-pub fn masked_log_softmax<B: Backend>(logits: Tensor<B, 2>, allowed: Tensor<B, 2, Bool>, temperature: f64) -> Tensor<B, 2> {
-    let scaled = (logits / temperature).mask_fill(allowed.bool_not(), -1.0e9);
+/// the temperature, with the tokens a grammar disallows (where there is
+/// one) pushed to −1e9 (not −inf, so that `p·log p` stays 0 for them
+/// instead of NaN).
+pub fn masked_log_softmax<B: Backend>(logits: Tensor<B, 2>, allowed: Option<Tensor<B, 2, Bool>>, temperature: f64) -> Tensor<B, 2> {
+    let scaled = logits / temperature;
+    let scaled = match allowed {
+        Some(allowed) => scaled.mask_fill(allowed.bool_not(), -1.0e9),
+        None => scaled,
+    };
     burn::tensor::activation::log_softmax(scaled, 1)
 }
 
@@ -171,7 +176,7 @@ mod tests {
         let device = Default::default();
         let logits = Tensor::<B, 2>::from_floats([[0.0, 0.0, 0.0, 9.0], [1.0, 1.0, 1.0, 1.0]], &device);
         let allowed = Tensor::<B, 2, Bool>::from_data([[true, true, true, false], [true, true, true, true]], &device);
-        let h = entropy(masked_log_softmax(logits, allowed, 1.0)).into_data().to_vec::<f32>().unwrap();
+        let h = entropy(masked_log_softmax(logits, Some(allowed), 1.0)).into_data().to_vec::<f32>().unwrap();
         close(h[0], 3f32.ln());
         close(h[1], 4f32.ln());
     }

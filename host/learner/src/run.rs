@@ -11,12 +11,13 @@ use crate::config::TrainConfig;
 use crate::filter::{RolloutFilter, std};
 use crate::metrics::{StepMetrics, read_metrics};
 use crate::schedule::LrSchedule;
+use crate::trainee::{BaseModel, Chat, Scratch, Trainee};
 use crate::update::{Learner, UpdateStats};
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use ragen_agent::{RolloutConfig, RolloutRunner, Trajectory, summarize};
-use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModelConfig, SamplingConfig};
-use ragen_runtime::{Plugin, next_seed};
+use ragen_agent::{Policy, RolloutConfig, RolloutRunner, Trajectory, summarize};
+use ragen_policy::PluginTokenizer;
+use ragen_runtime::{EnvSpec, Plugin, next_seed};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,10 @@ struct CheckpointState {
     /// (always, in `checkpoint-best/`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     val_success: Option<f64>,
+    /// The pretrained model the weights build on (its adapters, with
+    /// LoRA, mean nothing on another).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base_model: Option<BaseModel>,
 }
 
 impl CheckpointState {
@@ -119,8 +124,9 @@ impl CollapseAlarm {
 }
 
 /// Train `plugin` with `config` into `out`, starting at the checkpoint there
-/// if `resume`. `on_step` sees every step's metrics (for a progress bar);
-/// `stop` ends the run after the current step, with a checkpoint.
+/// if `resume`: the from-scratch transformer, or the pretrained model that
+/// `model_path` names. `on_step` sees every step's metrics (for a progress
+/// bar); `stop` ends the run after the current step, with a checkpoint.
 pub fn train<B: AutodiffBackend>(
     plugin: Arc<Plugin>,
     config: &TrainConfig,
@@ -128,9 +134,29 @@ pub fn train<B: AutodiffBackend>(
     resume: bool,
     device: B::Device,
     stop: &AtomicBool,
+    on_step: impl FnMut(&StepMetrics),
+) -> Result<Vec<StepMetrics>> {
+    match &config.model_path {
+        None => {
+            let run = Run::open(plugin, config, out, device, None, |spec, device| Scratch::build::<B>(config, spec, device))?;
+            drive(run, resume, stop, on_step)
+        }
+        Some(path) => {
+            let base = BaseModel::of(path)?;
+            let run = Run::open(plugin, config, out, device, Some(base), |_, device| Chat::build::<B>(config, path, device))?;
+            drive(run, resume, stop, on_step)
+        }
+    }
+}
+
+/// The steps of a run, from the start or its checkpoint, to the end or a stop.
+fn drive<B: AutodiffBackend, T: Trainee<B>>(
+    mut run: Run<'_, B, T>,
+    resume: bool,
+    stop: &AtomicBool,
     mut on_step: impl FnMut(&StepMetrics),
 ) -> Result<Vec<StepMetrics>> {
-    let mut run = Run::<B>::open(plugin, config, out, device)?;
+    let config = run.config;
     let start = if resume { run.resume()? } else { 0 };
     run.start_metrics_file()?;
     let mut skipped_in_a_row = 0;
@@ -152,14 +178,14 @@ pub fn train<B: AutodiffBackend>(
             && run.best.is_none_or(|best| v > best)
         {
             run.best = Some(v);
-            save_checkpoint(&run.learner, &run.dir.best(), CheckpointState { step: step + 1, val_success: Some(v) })?;
+            save_checkpoint(&run.learner, &run.dir.best(), run.state(step + 1, Some(v)))?;
         }
         run.history.push(m);
 
         let stopping = stop.load(Ordering::SeqCst);
         let last = step + 1 == config.steps;
         if (step + 1) % config.save_freq.max(1) == 0 || last || stopping || skipped_in_a_row >= 3 || failing.is_some() {
-            save_checkpoint(&run.learner, &run.dir.checkpoint(), CheckpointState { step: step + 1, val_success: None })?;
+            save_checkpoint(&run.learner, &run.dir.checkpoint(), run.state(step + 1, None))?;
         }
         if let Some(why) = failing {
             bail!(
@@ -183,28 +209,36 @@ pub fn train<B: AutodiffBackend>(
 }
 
 /// A run in progress: what [`train`] keeps between steps.
-struct Run<'c, B: AutodiffBackend> {
+struct Run<'c, B: AutodiffBackend, T: Trainee<B>> {
     config: &'c TrainConfig,
     dir: RunDir,
     runner: RolloutRunner,
     val_runner: RolloutRunner,
-    learner: Learner<B>,
-    tokenizer: PluginTokenizer,
+    learner: Learner<B, T::Net>,
+    trainee: T,
+    /// The pretrained model it builds on, pinned by hash.
+    base: Option<BaseModel>,
     filter: RolloutFilter,
     schedule: LrSchedule,
     /// The best validation success so far (what `checkpoint-best/` holds).
     best: Option<f64>,
     alarm: CollapseAlarm,
-    sampling: SamplingConfig,
     history: Vec<StepMetrics>,
     metrics_file: Option<std::fs::File>,
     device: B::Device,
 }
 
-impl<'c, B: AutodiffBackend> Run<'c, B> {
+impl<'c, B: AutodiffBackend, T: Trainee<B>> Run<'c, B, T> {
     /// The run directory, the training and validation rollout runners, and
-    /// a freshly initialised learner seeded from the config.
-    fn open(plugin: Arc<Plugin>, config: &'c TrainConfig, out: &Path, device: B::Device) -> Result<Self> {
+    /// the trainee and its learner from `build`, seeded from the config.
+    fn open(
+        plugin: Arc<Plugin>,
+        config: &'c TrainConfig,
+        out: &Path,
+        device: B::Device,
+        base: Option<BaseModel>,
+        build: impl FnOnce(&EnvSpec, B::Device) -> Result<(T, Learner<B, T::Net>)>,
+    ) -> Result<Self> {
         let resolved = config.resolve()?;
         std::fs::create_dir_all(out).with_context(|| format!("cannot create the run directory `{}`", out.display()))?;
         let settings = config.agent.env_settings(&[]);
@@ -214,19 +248,19 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
         let val_rollout = RolloutConfig { env_groups: config.val_episodes.max(1), group_size: 1, ..rollout.clone() };
         let val_runner = RolloutRunner::new(plugin, &settings, val_rollout, config.agent.prompt.clone(), threads)?;
         B::seed(&device, config.seed);
-        let (learner, tokenizer) = build_learner::<B>(config, runner.spec(), device.clone())?;
+        let (trainee, learner) = build(runner.spec(), device.clone())?;
         Ok(Self {
             config,
             dir: RunDir(out.to_path_buf()),
             runner,
             val_runner,
             learner,
-            tokenizer,
+            trainee,
+            base,
             filter: RolloutFilter { ratio: resolved.rollout_filter_ratio },
             schedule: resolved.schedule,
             best: None,
             alarm: CollapseAlarm::default(),
-            sampling: SamplingConfig { temperature: config.sampling.temperature as f32, think_budget: config.sampling.think_budget },
             history: Vec::new(),
             metrics_file: None,
             device,
@@ -237,6 +271,19 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
     /// the first step still to run.
     fn resume(&mut self) -> Result<u64> {
         let state = CheckpointState::read(&self.dir.checkpoint()).with_context(|| format!("cannot resume `{}`", self.dir.0.display()))?;
+        if let (Some(then), Some(now)) = (&state.base_model, &self.base)
+            && then.sha256 != now.sha256
+        {
+            bail!(
+                "cannot resume `{}`: its checkpoint was trained on `{}` (SHA-256 {}), but `{}` is now another file (SHA-256 {}); \
+                 resume with the model it was trained on",
+                self.dir.0.display(),
+                then.path.display(),
+                then.sha256,
+                now.path.display(),
+                now.sha256
+            );
+        }
         self.learner.load(&self.dir.checkpoint())?;
         // The best so far, unless it came from steps about to be replayed
         // (a crash after it and before the next regular checkpoint): the
@@ -274,10 +321,9 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
     fn step(&mut self, step: u64) -> Result<StepMetrics> {
         let config = self.config;
         let seed = next_seed(config.seed ^ (step << 32));
-        let mut policy = self.policy(self.sampling, seed);
         let groups = group_seeds(config.seed, step, config.agent.rollout.env_groups);
         let clock = std::time::Instant::now();
-        let ts = self.runner.run(&mut policy, &groups)?;
+        let ts = self.runner.run(self.policy(config.sampling.temperature, seed).as_mut(), &groups)?;
         let rollout_seconds = clock.elapsed().as_secs_f64();
         let before = summarize(&ts);
 
@@ -291,7 +337,7 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
         let lr = self.schedule.lr_at(step);
         self.learner.set_lr(lr);
         let clock = std::time::Instant::now();
-        let (stats, skipped) = match self.learner.update(&batch, &self.tokenizer) {
+        let (stats, skipped) = match self.learner.update(&batch, self.trainee.tokenizer()) {
             Ok(s) => (s, None),
             Err(e) => (UpdateStats::default(), Some(format!("{e:#}"))),
         };
@@ -339,19 +385,15 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
         Ok(m)
     }
 
-    /// The policy the learner's current model gives, sampling from `seed`.
-    fn policy(&self, sampling: SamplingConfig, seed: u64) -> BurnPolicy<B::InnerBackend> {
-        let limits = self.runner.limits();
-        let think = self.config.agent.rollout.enable_think;
-        BurnPolicy::new(
-            self.learner.policy_model(),
-            self.tokenizer.clone(),
-            think,
-            limits.max_actions_per_turn,
-            sampling,
-            seed,
-            self.device.clone(),
-        )
+    /// The policy the learner's current model gives, sampling at
+    /// `temperature` from `seed`.
+    fn policy(&self, temperature: f64, seed: u64) -> Box<dyn Policy + '_> {
+        self.trainee.policy(self.learner.policy_model(), temperature as f32, seed, &self.device)
+    }
+
+    /// What a checkpoint after `step` steps records besides the weights.
+    fn state(&self, step: u64, val_success: Option<f64>) -> CheckpointState {
+        CheckpointState { step, val_success, base_model: self.base.clone() }
     }
 
     /// Success on the fixed validation seeds (from `VAL_SEED_START`, apart
@@ -362,16 +404,19 @@ impl<'c, B: AutodiffBackend> Run<'c, B> {
     /// --checkpoint DIR --seed-start 1000000 --episodes <val_episodes>
     /// --seed <seed>` replays one exactly.
     fn validate(&self) -> Result<f64> {
-        let sampling = SamplingConfig { temperature: self.config.sampling.val_temperature as f32, ..self.sampling };
-        let mut policy = self.policy(sampling, self.config.seed);
+        let mut policy = self.policy(self.config.sampling.val_temperature, self.config.seed);
         let seeds = ragen_agent::validation_seeds(self.config.val_episodes.max(1));
-        Ok(summarize(&self.val_runner.run(&mut policy, &seeds)?).success_rate)
+        Ok(summarize(&self.val_runner.run(policy.as_mut(), &seeds)?).success_rate)
     }
 }
 
 /// Write the checkpoint `target` beside the old one, then swap, so a crash
 /// or a full disk mid-write never leaves a damaged checkpoint in place.
-fn save_checkpoint<B: AutodiffBackend>(learner: &Learner<B>, target: &Path, state: CheckpointState) -> Result<()> {
+fn save_checkpoint<B, M>(learner: &Learner<B, M>, target: &Path, state: CheckpointState) -> Result<()>
+where
+    B: AutodiffBackend,
+    M: ragen_policy::PolicyNetwork<B> + burn::module::AutodiffModule<B, InnerModule: ragen_policy::PolicyNetwork<B::InnerBackend>>,
+{
     let tmp = target.with_extension("tmp");
     let old = target.with_extension("old");
     let _ = std::fs::remove_dir_all(&tmp);
@@ -394,13 +439,8 @@ pub fn build_learner<B: AutodiffBackend>(
     spec: &ragen_runtime::EnvSpec,
     device: B::Device,
 ) -> Result<(Learner<B>, PluginTokenizer)> {
-    let resolved = config.resolve()?;
-    let tokenizer = PluginTokenizer::with_text(spec, &config.agent.prompt.texts());
-    let limits = config.agent.rollout.limits(spec);
-    let grammar =
-        AnswerGrammar::new(&tokenizer, config.agent.rollout.enable_think, config.sampling.think_budget, limits.max_actions_per_turn);
-    let model = PolicyModelConfig { vocab_size: tokenizer.vocab_size(), ..config.model.clone() }.init::<B>(&device);
-    Ok((Learner::new(model, grammar, resolved.update, device), tokenizer))
+    let (scratch, learner) = Scratch::build::<B>(config, spec, device)?;
+    Ok((learner, scratch.tokenizer))
 }
 
 /// The run directory and the checkpoint that `path` names: a run directory
@@ -419,18 +459,44 @@ pub fn find_checkpoint(path: &Path) -> Result<(RunDir, PathBuf)> {
     Ok((run, checkpoint))
 }
 
-/// Load a trained policy for evaluation from `path` (see
-/// [`find_checkpoint`]), and say which checkpoint it read.
-pub fn load_policy<B: AutodiffBackend>(
+/// A trained policy for evaluation from `path` (see [`find_checkpoint`]),
+/// sampling at the run's validation temperature from `seed`, the run's
+/// config, and which checkpoint it read. A pretrained model's checkpoint is
+/// refused on another model file than the one it was trained on.
+pub fn load_trained<B: AutodiffBackend>(
     path: &Path,
     spec: &ragen_runtime::EnvSpec,
     device: B::Device,
-) -> Result<(TrainConfig, Learner<B>, PluginTokenizer, CheckpointInfo)> {
+    seed: u64,
+) -> Result<(Box<dyn Policy>, TrainConfig, CheckpointInfo)> {
     let (run, checkpoint) = find_checkpoint(path)?;
     let config = TrainConfig::load(&run.config())?;
     let state = CheckpointState::read(&checkpoint)?;
-    let (mut learner, tokenizer) = build_learner::<B>(&config, spec, device)?;
-    learner.load(&checkpoint)?;
+    let temperature = config.sampling.val_temperature as f32;
+    let policy = match &config.model_path {
+        None => {
+            let (trainee, mut learner) = Scratch::build::<B>(&config, spec, device.clone())?;
+            learner.load(&checkpoint)?;
+            Trainee::<B>::policy(&trainee, learner.policy_model(), temperature, seed, &device)
+        }
+        Some(model) => {
+            if let Some(then) = &state.base_model {
+                let now = BaseModel::of(model)?;
+                if now.sha256 != then.sha256 {
+                    bail!(
+                        "the checkpoint `{}` was trained on `{}` (SHA-256 {}), but `{}` is now another file: evaluate it with that model",
+                        checkpoint.display(),
+                        then.path.display(),
+                        then.sha256,
+                        model.display()
+                    );
+                }
+            }
+            let (trainee, mut learner) = Chat::build::<B>(&config, model, device.clone())?;
+            learner.load(&checkpoint)?;
+            Trainee::<B>::policy(&trainee, learner.policy_model(), temperature, seed, &device)
+        }
+    };
     let info = CheckpointInfo { dir: checkpoint, step: state.step, val_success: state.val_success };
-    Ok((config, learner, tokenizer, info))
+    Ok((policy, config, info))
 }

@@ -24,9 +24,9 @@ use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
-use ragen_agent::Trajectory;
+use ragen_agent::{Tokenizer, Trajectory};
 use ragen_env_sdk::SeedRng;
-use ragen_policy::{AnswerGrammar, PluginTokenizer, PolicyModel, PolicyNetwork};
+use ragen_policy::{AnswerGrammar, PolicyModel, PolicyNetwork};
 use std::path::Path;
 
 /// Every hyper-parameter of the update, named as in the reference.
@@ -161,7 +161,8 @@ struct Row<'a> {
     tokens: Vec<u32>,
     /// Positions of the agent's tokens.
     agent: Vec<usize>,
-    /// The grammar's mask at each agent token, `[agent.len() · vocab]`.
+    /// The grammar's mask at each agent token, `[agent.len() · vocab]`
+    /// (empty when replies are free text).
     allowed: Vec<bool>,
     old_logp: Vec<f32>,
     /// Positions of what the env wrote after the agent's first reply (the
@@ -170,14 +171,15 @@ struct Row<'a> {
 }
 
 /// The network being trained (any [`PolicyNetwork`]; our transformer by
-/// default), its optimiser and the grammar its replies obey.
+/// default), its optimiser and the grammar its replies obey, if any (a
+/// pretrained model writes free text).
 pub struct Learner<B: AutodiffBackend, M: AutodiffModule<B> = PolicyModel<B>> {
     model: Option<M>,
     /// The frozen initial policy the KL term pulls towards (only kept when
     /// `kl_coef` is not 0).
     reference: Option<M::InnerModule>,
     optimizer: OptimizerAdaptor<AdamW, M, B>,
-    grammar: AnswerGrammar,
+    grammar: Option<AnswerGrammar>,
     config: UpdateConfig,
     device: B::Device,
 }
@@ -188,7 +190,7 @@ where
     M: PolicyNetwork<B> + AutodiffModule<B>,
     M::InnerModule: PolicyNetwork<B::InnerBackend>,
 {
-    pub fn new(model: M, grammar: AnswerGrammar, config: UpdateConfig, device: B::Device) -> Self {
+    pub fn new(model: M, grammar: Option<AnswerGrammar>, config: UpdateConfig, device: B::Device) -> Self {
         let optimizer = AdamWConfig::new().with_weight_decay(config.weight_decay).init();
         let reference = (config.kl_coef != 0.0).then(|| model.valid());
         Self { model: Some(model), reference, optimizer, grammar, config, device }
@@ -212,10 +214,10 @@ where
     /// Write the model and the optimiser state into `dir` (which exists).
     pub fn save(&self, dir: &Path) -> Result<()> {
         let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
-        self.model().clone().save_file(dir.join("model"), &recorder).context("cannot write the model")?;
+        self.model().save_weights(&dir.join("model")).context("cannot write the model")?;
         recorder.record(self.optimizer.to_record(), dir.join("optimizer")).context("cannot write the optimizer state")?;
         if let Some(reference) = &self.reference {
-            reference.clone().save_file(dir.join("reference"), &recorder).context("cannot write the reference model")?;
+            reference.save_weights(&dir.join("reference")).context("cannot write the reference model")?;
         }
         Ok(())
     }
@@ -224,22 +226,14 @@ where
     pub fn load(&mut self, dir: &Path) -> Result<()> {
         let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
         let model = self.model.take().expect("model present");
-        let model = model.load_file(dir.join("model"), &recorder, &self.device);
-        let model = match model {
-            Ok(m) => m,
-            Err(e) => bail!("cannot read the model from `{}`: {e}", dir.display()),
-        };
-        self.model = Some(model);
+        self.model = Some(model.load_weights(&dir.join("model"), &self.device).context("cannot read the checkpoint's model")?);
         let record = recorder
             .load(dir.join("optimizer"), &self.device)
             .with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
         self.optimizer = self.optimizer.clone().load_record(record);
         if let Some(reference) = self.reference.take() {
-            let device = self.device.clone();
-            self.reference = Some(match reference.load_file(dir.join("reference"), &recorder, &device) {
-                Ok(r) => r,
-                Err(e) => bail!("cannot read the reference model from `{}`: {e}", dir.display()),
-            });
+            self.reference =
+                Some(reference.load_weights(&dir.join("reference"), &self.device).context("cannot read the checkpoint's reference model")?);
         }
         Ok(())
     }
@@ -248,8 +242,8 @@ where
     /// each in mini-batches of `mini_batch_size` trajectories, one AdamW
     /// step per mini-batch. Advantages come from the values before the
     /// first step, as in PPO. The steps are the module doc's 1–4.
-    pub fn update(&mut self, batch: &[&Trajectory], tokenizer: &PluginTokenizer) -> Result<UpdateStats> {
-        let vocab = tokenizer.vocab_size();
+    pub fn update(&mut self, batch: &[&Trajectory], tokenizer: &dyn Tokenizer) -> Result<UpdateStats> {
+        let vocab = self.grammar.as_ref().map_or(0, AnswerGrammar::vocab_size);
         let (rows, truncated) = self.lay_out(batch, tokenizer)?;
         let (old_values, ref_logps) = self.score_before_update(&rows, vocab);
         let sequences: Vec<SequenceInput> = rows
@@ -268,8 +262,7 @@ where
     ///    trajectory is one row, or with a context window one row per reply
     ///    (the window it read, then the reply); its rows are adjacent.
     ///    Returns the rows and how many were cut to the model's context.
-    fn lay_out<'t>(&self, batch: &[&'t Trajectory], tokenizer: &PluginTokenizer) -> Result<(Vec<Row<'t>>, usize)> {
-        let vocab = tokenizer.vocab_size();
+    fn lay_out<'t>(&self, batch: &[&'t Trajectory], tokenizer: &dyn Tokenizer) -> Result<(Vec<Row<'t>>, usize)> {
         let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
         let mut truncated = 0;
         for (index, t) in batch.iter().enumerate() {
@@ -281,13 +274,14 @@ where
                 if agent.is_empty() {
                     continue;
                 }
-                let mut allowed = Vec::with_capacity(agent.len() * vocab);
+                let mut allowed = Vec::new();
                 for (k, &start) in view.turn_starts.iter().enumerate() {
+                    let Some(grammar) = &self.grammar else { break };
                     let end = view.turn_starts.get(k + 1).map_or(view.tokens.len(), |&n| n);
                     let reply: Vec<u32> = (start..end).take_while(|&i| view.loss_mask[i] == 1).map(|i| view.tokens[i]).collect();
-                    let states = self.grammar.states(&reply).map_err(|e| anyhow::anyhow!("a reply breaks the grammar: {e}"))?;
+                    let states = grammar.states(&reply).map_err(|e| anyhow::anyhow!("a reply breaks the grammar: {e}"))?;
                     for s in states {
-                        allowed.extend_from_slice(self.grammar.allowed(s));
+                        allowed.extend_from_slice(grammar.allowed(s));
                     }
                 }
                 let old_logp = agent.iter().map(|&i| view.logprobs[i]).collect();
@@ -460,8 +454,11 @@ fn score<B: Backend, N: PolicyNetwork<B>>(
     let picks: Vec<i64> = chunk.iter().enumerate().flat_map(|(r, row)| row.agent.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
     let n = picks.len();
     let picks = Tensor::<B, 1, Int>::from_data(TensorData::new(picks, [n]), device);
-    let allowed: Vec<bool> = chunk.iter().flat_map(|r| r.allowed.iter().copied()).collect();
-    let allowed = Tensor::<B, 2, Bool>::from_data(TensorData::new(allowed, [n, vocab]), device);
+    // The grammar's masks, when replies follow one (`vocab` > 0).
+    let allowed = (vocab > 0).then(|| {
+        let allowed: Vec<bool> = chunk.iter().flat_map(|r| r.allowed.iter().copied()).collect();
+        Tensor::<B, 2, Bool>::from_data(TensorData::new(allowed, [n, vocab]), device)
+    });
     let taken: Vec<i64> = chunk.iter().flat_map(|r| r.agent.iter().map(|&i| r.tokens[i] as i64)).collect();
     let taken = Tensor::<B, 2, Int>::from_data(TensorData::new(taken, [n, 1]), device);
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), device);

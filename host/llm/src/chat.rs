@@ -27,6 +27,7 @@ impl ChatMessage {
 }
 
 /// A compiled chat template and the special tokens it may name.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,

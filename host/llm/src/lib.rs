@@ -31,6 +31,7 @@ pub mod chat;
 pub mod config;
 pub mod gguf;
 pub mod load;
+pub mod lora;
 pub mod model;
 pub mod policy;
 pub mod tokenizer;
@@ -38,8 +39,9 @@ pub mod tokenizer;
 pub use bench::{LlmBenchConfig, LlmBenchReport, bench_llm};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, LlmConfig};
+pub use lora::{LoraConfig, Target};
 pub use model::Llm;
-pub use policy::{LlmPolicy, LlmSampling, StopRule};
+pub use policy::{ChatTokenizer, LlmPolicy, LlmSampling, StopRule};
 pub use tokenizer::LlmTokenizer;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -114,6 +116,16 @@ impl<B: Backend> Pretrained<B> {
             self.config.vocab_size
         );
         Ok(self)
+    }
+
+    /// Its tokenizer and chat template, for prompts that leave room for
+    /// replies of `max_new_tokens`.
+    pub fn chat_tokenizer(&self, max_new_tokens: usize) -> ChatTokenizer {
+        ChatTokenizer {
+            tokenizer: self.tokenizer.clone(),
+            template: self.template.clone(),
+            max_prompt: self.model.max_seq_len_for_prompts(max_new_tokens),
+        }
     }
 
     /// Greedy continuation of `text` (which may hold special tokens), up to

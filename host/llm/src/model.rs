@@ -7,13 +7,16 @@
 //! `g` key/value heads, `k` head width, `f` MLP width, `v` vocabulary.
 
 use crate::config::LlmConfig;
+use crate::lora::{LayerAdapters, LayerWidths, LoraConfig, Tuned, adapted};
 use burn::module::Param;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
+use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use ragen_policy::{CausalLm, KvCache, PolicyNetwork, Rotation};
+use std::path::Path;
 
 /// A pretrained causal language model with a value head.
 #[derive(Module, Debug)]
@@ -25,7 +28,9 @@ pub struct Llm<B: Backend> {
     pub(crate) layers: Vec<DecoderLayer<B>>,
     pub(crate) norm: RmsNorm<B>,
     pub(crate) lm_head: Linear<B>,
-    pub(crate) value_head: Linear<B>,
+    /// The value head, and the LoRA adapters when they are on: what trains
+    /// while the rest is frozen (see [`Llm::with_lora`]).
+    pub tuned: Tuned<B>,
     /// Rotary frequencies, one per channel pair of a head (from the
     /// config, not a weight: not saved with the record).
     #[module(skip)]
@@ -75,7 +80,7 @@ impl LlmConfig {
             layers,
             norm: norm(),
             lm_head: linear(d, self.vocab_size, false),
-            value_head: small_value_head(d, device),
+            tuned: Tuned { value_head: small_value_head(d, device), adapters: Vec::new() },
             inv_freq: self.inv_frequencies(),
             n_heads: self.n_heads,
             n_kv_heads: self.n_kv_heads,
@@ -115,6 +120,35 @@ impl<B: Backend> Llm<B> {
         self.layers.len()
     }
 
+    /// The model with LoRA adapters on `config`'s target layers (`B` = 0,
+    /// so it computes what it did) and everything else frozen but the value
+    /// head. With LoRA off, unchanged: the whole model trains.
+    pub fn with_lora(mut self, config: &LoraConfig) -> Self {
+        if !config.is_on() {
+            return self;
+        }
+        let device = self.lm_head.weight.device();
+        let k = self.head_dim;
+        let widths = LayerWidths {
+            d: self.lm_head.weight.dims()[0],
+            q: self.n_heads * k,
+            kv: self.n_kv_heads * k,
+            f: self.layers.first().map_or(0, |l| l.gate.weight.dims()[1]),
+        };
+        self.embed = self.embed.map(Module::no_grad);
+        self.layers = self.layers.into_iter().map(Module::no_grad).collect();
+        self.norm = self.norm.no_grad();
+        self.lm_head = self.lm_head.no_grad();
+        self.tuned.adapters = (0..self.layers.len()).map(|_| LayerAdapters::new(widths, config, &device)).collect();
+        self
+    }
+
+    /// Whether LoRA adapters are on (then only they and the value head
+    /// train, and only they are checkpointed).
+    pub fn has_adapters(&self) -> bool {
+        !self.tuned.adapters.is_empty()
+    }
+
     /// The whole sequence at once: tokens `[b, t]` to logits `[b, t, v]` and
     /// values `[b, t]`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
@@ -128,7 +162,7 @@ impl<B: Backend> Llm<B> {
         let [b, t] = tokens.dims();
         let x = self.hidden_cached(tokens, cache); // [b·t, d]
         let logits = self.lm_head.forward(x.clone()); // [b·t, v]
-        let values = self.value_head.forward(x); // [b·t, 1]
+        let values = self.tuned.value_head.forward(x); // [b·t, 1]
         (logits.reshape([b, t, self.vocab_size()]), values.reshape([b, t]))
     }
 
@@ -140,7 +174,7 @@ impl<B: Backend> Llm<B> {
     pub fn logits_at(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         let [b, t] = tokens.dims();
         let x = self.hidden_cached(tokens, &mut KvCache::new(self.layers.len())); // [b·t, d]
-        let values = self.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
+        let values = self.tuned.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
         (self.lm_head.forward(x.select(0, at)), values) // [n, v], [b, t]
     }
 
@@ -172,8 +206,8 @@ impl<B: Backend> Llm<B> {
         let d = x.dims()[2];
         let mut x = x.reshape([b * t, d]);
         let shape = Heads { b, t, h: self.n_heads, g: self.n_kv_heads, k: self.head_dim };
-        for (layer, layer_cache) in self.layers.iter().zip(cache.layers_mut()) {
-            x = layer.forward(x, layer_cache, padding.clone(), &rotation, shape);
+        for (i, (layer, layer_cache)) in self.layers.iter().zip(cache.layers_mut()).enumerate() {
+            x = layer.forward(x, self.tuned.adapters.get(i), layer_cache, padding.clone(), &rotation, shape);
         }
         cache.advance(t);
         self.norm.forward(x)
@@ -193,10 +227,12 @@ struct Heads {
 
 impl<B: Backend> DecoderLayer<B> {
     /// x `[b·t, d]`; the cache holds keys and values `[b, g, p, k]`, already
-    /// rotated; `padding` `[b, 1, t, p]` hides padded keys.
+    /// rotated; `padding` `[b, 1, t, p]` hides padded keys; `lora` adds its
+    /// adapters' updates to the projections.
     fn forward(
         &self,
         x: Tensor<B, 2>,
+        lora: Option<&LayerAdapters<B>>,
         cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
         padding: Option<Tensor<B, 4, Bool>>,
         rotation: &Rotation<B>,
@@ -209,18 +245,20 @@ impl<B: Backend> DecoderLayer<B> {
         let split = |y: Tensor<B, 2>, heads: usize| {
             if t == 1 { y.reshape([b, heads, 1, k]) } else { y.reshape([b, t, heads, k]).swap_dims(1, 2) }
         };
-        let q = rotation.apply(split(self.q.forward(normed.clone()), h));
-        let k_new = rotation.apply(split(self.k.forward(normed.clone()), g));
-        let v_new = split(self.v.forward(normed), g);
+        let q = rotation.apply(split(adapted(&self.q, lora.and_then(|a| a.q.as_ref()), normed.clone()), h));
+        let k_new = rotation.apply(split(adapted(&self.k, lora.and_then(|a| a.k.as_ref()), normed.clone()), g));
+        let v_new = split(adapted(&self.v, lora.and_then(|a| a.v.as_ref()), normed), g);
         let (keys, values) = match cache.take() {
             Some((kc, vc)) => (Tensor::cat(vec![kc, k_new], 2), Tensor::cat(vec![vc, v_new], 2)), // [b, g, p, k]
             None => (k_new, v_new),
         };
         *cache = Some((keys.clone(), values.clone()));
         let attended = attend(q, keys, values, padding, s); // [b·t, h·k]
-        let x = x + self.o.forward(attended);
+        let x = x + adapted(&self.o, lora.and_then(|a| a.o.as_ref()), attended);
         let normed = self.mlp_norm.forward(x.clone());
-        let mlp = self.down.forward(silu(self.gate.forward(normed.clone())) * self.up.forward(normed)); // [b·t, d]
+        let gate = adapted(&self.gate, lora.and_then(|a| a.gate.as_ref()), normed.clone()); // [b·t, f]
+        let up = adapted(&self.up, lora.and_then(|a| a.up.as_ref()), normed); // [b·t, f]
+        let mlp = adapted(&self.down, lora.and_then(|a| a.down.as_ref()), silu(gate) * up); // [b·t, d]
         x + mlp
     }
 }
@@ -282,5 +320,28 @@ impl<B: Backend> PolicyNetwork<B> for Llm<B> {
 
     fn max_seq_len(&self) -> usize {
         self.max_seq_len
+    }
+
+    /// With LoRA, the adapters and the value head alone (the base is the
+    /// model file, pinned by the checkpoint); without, the whole model.
+    fn save_weights(&self, file: &Path) -> anyhow::Result<()> {
+        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        let saved = if self.has_adapters() {
+            self.tuned.clone().save_file(file.to_path_buf(), &recorder)
+        } else {
+            self.clone().save_file(file.to_path_buf(), &recorder)
+        };
+        saved.map_err(|e| anyhow::anyhow!("cannot write `{}`: {e}", file.display()))
+    }
+
+    fn load_weights(mut self, file: &Path, device: &B::Device) -> anyhow::Result<Self> {
+        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        let failed = |e| anyhow::anyhow!("cannot read `{}`: {e} (was it written with the same model and LoRA settings?)", file.display());
+        if self.has_adapters() {
+            self.tuned = self.tuned.load_file(file.to_path_buf(), &recorder, device).map_err(failed)?;
+            Ok(self)
+        } else {
+            self.load_file(file.to_path_buf(), &recorder, device).map_err(failed)
+        }
     }
 }

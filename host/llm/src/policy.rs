@@ -13,7 +13,7 @@ use crate::tokenizer::LlmTokenizer;
 use crate::{ChatTemplate, Pretrained};
 use anyhow::Result;
 use burn::prelude::*;
-use ragen_agent::{Context, Policy, Response, Tokenizer};
+use ragen_agent::{Context, Message, Policy, Response, Tokenizer};
 use ragen_env_sdk::SeedRng;
 use ragen_policy::{KvCache, ReplyRule, Sampling, sample_batch};
 
@@ -95,9 +95,52 @@ impl Default for LlmSampling {
     }
 }
 
+/// The model's tokenizer and chat template: how the agent loop's
+/// conversations become the model's tokens, for sampling and, the same
+/// way, for the learner ([`Tokenizer::chat_prompt`]).
+#[derive(Clone, Debug)]
+pub struct ChatTokenizer {
+    pub tokenizer: LlmTokenizer,
+    pub template: ChatTemplate,
+    /// The longest prompt, in tokens: a longer one keeps its last tokens.
+    pub max_prompt: usize,
+}
+
+impl ChatTokenizer {
+    /// The chat template's rendering of `messages` with the generation
+    /// prompt, then the pre-fill, cut to its last `max_prompt` tokens.
+    pub fn prompt(&self, messages: &[Message<'_>], prefill: &str) -> Result<Vec<u32>> {
+        let messages: Vec<ChatMessage> = messages.iter().map(|m| ChatMessage::new(m.role, m.text)).collect();
+        let text = self.template.render(&messages, true)? + prefill;
+        let mut ids = self.tokenizer.encode(&text);
+        if ids.len() > self.max_prompt {
+            ids.drain(..ids.len() - self.max_prompt);
+        }
+        Ok(ids)
+    }
+}
+
+impl Tokenizer for ChatTokenizer {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        self.tokenizer.encode(text)
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids)
+    }
+
+    /// # Panics
+    /// If the template cannot render a conversation it rendered when the
+    /// replies were sampled (it is a pure function of the messages).
+    fn chat_prompt(&self, messages: &[Message<'_>], prefill: &str) -> Option<Vec<u32>> {
+        Some(self.prompt(messages, prefill).expect("the chat template rendered this conversation when it was sampled"))
+    }
+}
+
 /// A pretrained model writing the agent's replies.
 pub struct LlmPolicy<B: Backend> {
     pub pretrained: Pretrained<B>,
+    chat: ChatTokenizer,
     rule: StopRule,
     config: LlmSampling,
     seed: u64,
@@ -110,21 +153,15 @@ impl<B: Backend> LlmPolicy<B> {
     pub fn new(pretrained: Pretrained<B>, config: LlmSampling, seed: u64) -> Self {
         let rule = StopRule::new(&pretrained.tokenizer, "</answer>");
         let name = pretrained.path.file_name().map_or_else(|| "pretrained".into(), |n| n.to_string_lossy().into_owned());
-        Self { pretrained, rule, config, seed, drawn: 0, name }
+        let chat = pretrained.chat_tokenizer(config.max_new_tokens);
+        Self { pretrained, chat, rule, config, seed, drawn: 0, name }
     }
 
     /// The prompt tokens for one context: the chat template's rendering of
     /// its messages with the generation prompt, then the pre-fill. A prompt
     /// longer than the model's context keeps its last tokens.
     pub fn prompt_tokens(&self, c: &Context<'_>) -> Result<Vec<u32>> {
-        let messages: Vec<ChatMessage> = c.messages.iter().map(|m| ChatMessage::new(m.role, m.text)).collect();
-        let text = self.pretrained.template.render(&messages, true)? + c.prefill;
-        let mut ids = self.pretrained.tokenizer.encode(&text);
-        let window = self.pretrained.model.max_seq_len_for_prompts(self.config.max_new_tokens);
-        if ids.len() > window {
-            ids.drain(..ids.len() - window);
-        }
-        Ok(ids)
+        self.chat.prompt(&c.messages, c.prefill)
     }
 
     pub fn template(&self) -> &ChatTemplate {
@@ -138,7 +175,7 @@ impl<B: Backend> Policy for LlmPolicy<B> {
     }
 
     fn tokenizer(&self) -> &dyn Tokenizer {
-        &self.pretrained.tokenizer
+        &self.chat
     }
 
     fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {

@@ -48,6 +48,11 @@ pub struct AnswerGrammar {
 }
 
 impl AnswerGrammar {
+    /// The vocabulary its masks cover.
+    pub fn vocab_size(&self) -> usize {
+        self.masks.first().map_or(0, Vec::len)
+    }
+
     /// `think_budget`: thinking tokens before `</think>` is forced;
     /// `max_actions`: action names per reply (at least 1).
     pub fn new(tokenizer: &PluginTokenizer, enable_think: bool, think_budget: u32, max_actions: u32) -> Self {

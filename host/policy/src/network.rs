@@ -9,7 +9,10 @@
 //! plus the agent loop's `Policy` for sampling, and drops in without
 //! touching the learner.
 
+use anyhow::{Context, Result};
 use burn::prelude::*;
+use burn::record::{BinFileRecorder, FullPrecisionSettings};
+use std::path::Path;
 
 /// A causal language model with a value head, as the learner sees it.
 pub trait PolicyNetwork<B: Backend>: Module<B> {
@@ -30,6 +33,22 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
     /// The longest sequence it can read; the learner keeps the last this
     /// many tokens of a longer conversation.
     fn max_seq_len(&self) -> usize;
+
+    /// Write the weights that training changes to `file` (Burn's binary
+    /// record; the recorder adds its extension). All of them by default; a
+    /// network with a frozen base (LoRA) writes only what trains, and its
+    /// checkpoint pins the base by hash instead.
+    fn save_weights(&self, file: &Path) -> Result<()> {
+        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        self.clone().save_file(file.to_path_buf(), &recorder).with_context(|| format!("cannot write `{}`", file.display()))
+    }
+
+    /// Read what [`PolicyNetwork::save_weights`] wrote into this network
+    /// (of the same shape).
+    fn load_weights(self, file: &Path, device: &B::Device) -> Result<Self> {
+        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        self.load_file(file.to_path_buf(), &recorder, device).map_err(|e| anyhow::anyhow!("cannot read `{}`: {e}", file.display()))
+    }
 }
 
 impl<B: Backend> PolicyNetwork<B> for crate::PolicyModel<B> {

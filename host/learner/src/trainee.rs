@@ -1,0 +1,172 @@
+//! What a run trains: the network, the tokenizer its conversations are laid
+//! out with, the grammar its replies obey (if any), and how it samples.
+//!
+//! Two kinds exist. [`Scratch`] is the small transformer trained from
+//! nothing, with a tokenizer built from the plugin and replies constrained
+//! by the answer grammar. [`Chat`] is a pretrained Llama / Qwen2 model
+//! (optionally with LoRA adapters), its own tokenizer and chat template,
+//! and free replies that pay the format penalty when malformed, as in the
+//! paper. The run, the learner and the checkpoints are the same for both.
+
+use crate::config::TrainConfig;
+use crate::update::Learner;
+use anyhow::{Context, Result, ensure};
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use ragen_agent::{Policy, Tokenizer};
+use ragen_llm::{ChatTemplate, Llm, LlmConfig, LlmPolicy, LlmSampling, LlmTokenizer, Pretrained};
+use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModel, PolicyModelConfig, PolicyNetwork, SamplingConfig};
+use ragen_runtime::EnvSpec;
+use std::path::{Path, PathBuf};
+
+/// How a run turns its network into a policy, and what the learner needs
+/// to lay out its conversations.
+pub trait Trainee<B: AutodiffBackend + 'static> {
+    type Net: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>;
+
+    /// The tokenizer the policy's conversations are laid out with.
+    fn tokenizer(&self) -> &dyn Tokenizer;
+
+    /// The policy `net` gives, sampling at `temperature` from `seed`.
+    fn policy(
+        &self,
+        net: <Self::Net as AutodiffModule<B>>::InnerModule,
+        temperature: f32,
+        seed: u64,
+        device: &B::Device,
+    ) -> Box<dyn Policy>;
+}
+
+/// The from-scratch transformer, its plugin tokenizer and its grammar.
+pub struct Scratch {
+    pub tokenizer: PluginTokenizer,
+    think: bool,
+    think_budget: u32,
+    max_actions: u32,
+}
+
+impl Scratch {
+    /// The tokenizer, grammar, model and learner `config` describes for an
+    /// env (freshly initialised from the backend's seeded generator).
+    pub fn build<B: AutodiffBackend>(config: &TrainConfig, spec: &EnvSpec, device: B::Device) -> Result<(Self, Learner<B>)> {
+        let resolved = config.resolve()?;
+        let tokenizer = PluginTokenizer::with_text(spec, &config.agent.prompt.texts());
+        let limits = config.agent.rollout.limits(spec);
+        let think = config.agent.rollout.enable_think;
+        let grammar = AnswerGrammar::new(&tokenizer, think, config.sampling.think_budget, limits.max_actions_per_turn);
+        let model = PolicyModelConfig { vocab_size: tokenizer.vocab_size(), ..config.model.clone() }.init::<B>(&device);
+        let learner = Learner::new(model, Some(grammar), resolved.update, device);
+        let scratch = Self { tokenizer, think, think_budget: config.sampling.think_budget, max_actions: limits.max_actions_per_turn };
+        Ok((scratch, learner))
+    }
+}
+
+impl<B: AutodiffBackend> Trainee<B> for Scratch {
+    type Net = PolicyModel<B>;
+
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &self.tokenizer
+    }
+
+    fn policy(&self, net: PolicyModel<B::InnerBackend>, temperature: f32, seed: u64, device: &B::Device) -> Box<dyn Policy> {
+        let sampling = SamplingConfig { temperature, think_budget: self.think_budget };
+        Box::new(BurnPolicy::new(net, self.tokenizer.clone(), self.think, self.max_actions, sampling, seed, device.clone()))
+    }
+}
+
+/// A pretrained model from its file, with LoRA adapters when `[lora]` has
+/// a rank, and the tokenizer and chat template the file carries.
+pub struct Chat {
+    tokenizer: LlmTokenizer,
+    template: ChatTemplate,
+    config: LlmConfig,
+    path: PathBuf,
+    /// The tokenizer with the template, as the policy and the learner use it.
+    chat: ragen_llm::ChatTokenizer,
+    max_new_tokens: usize,
+}
+
+/// The model file a run trains, and its SHA-256: a checkpoint of adapters
+/// is only meaningful on the base it was trained from.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BaseModel {
+    pub path: PathBuf,
+    pub sha256: String,
+}
+
+impl BaseModel {
+    /// The file's hash; for a Hugging Face directory, the hash of the
+    /// lines `name sha256` of its weights, config and tokenizer files in
+    /// name order.
+    pub fn of(path: &Path) -> Result<Self> {
+        let sha256 = if path.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("cannot list `{}`", path.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "safetensors" || e == "json"))
+                .collect();
+            files.sort();
+            use sha2::{Digest, Sha256};
+            let mut lines = String::new();
+            for f in &files {
+                let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                lines += &format!("{name} {}\n", ragen_llm::sha256_file(f)?);
+            }
+            Sha256::digest(lines.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+        } else {
+            ragen_llm::sha256_file(path)?
+        };
+        Ok(Self { path: path.to_path_buf(), sha256 })
+    }
+}
+
+impl Chat {
+    /// Load the model `path` names, add the value head and the adapters of
+    /// `config.lora`, and build its learner (no grammar: replies are free).
+    pub fn build<B: AutodiffBackend>(config: &TrainConfig, path: &Path, device: B::Device) -> Result<(Self, Learner<B, Llm<B>>)> {
+        let resolved = config.resolve()?;
+        let pretrained = Pretrained::<B>::load(path, &device)?;
+        let max_new_tokens = config.sampling.max_new_tokens;
+        ensure!(
+            max_new_tokens < pretrained.config.max_position_embeddings,
+            "sampling.max_new_tokens = {max_new_tokens} leaves no room for a prompt in {}'s context of {} tokens",
+            path.display(),
+            pretrained.config.max_position_embeddings
+        );
+        let chat = pretrained.chat_tokenizer(max_new_tokens);
+        let Pretrained { model, tokenizer, template, config: llm_config, path, .. } = pretrained;
+        let model = model.with_lora(&config.lora);
+        let learner = Learner::new(model, None, resolved.update, device);
+        Ok((Self { tokenizer, template, config: llm_config, path, chat, max_new_tokens }, learner))
+    }
+
+    /// Bytes of memory the model's weights take as f32 (for reports).
+    pub fn parameter_count(&self) -> usize {
+        self.config.parameter_count()
+    }
+}
+
+impl<B: AutodiffBackend> Trainee<B> for Chat {
+    type Net = Llm<B>;
+
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &self.chat
+    }
+
+    fn policy(&self, net: Llm<B::InnerBackend>, temperature: f32, seed: u64, device: &B::Device) -> Box<dyn Policy> {
+        let pretrained = Pretrained {
+            model: net,
+            tokenizer: self.tokenizer.clone(),
+            template: self.template.clone(),
+            config: self.config.clone(),
+            path: self.path.clone(),
+            device: device.clone(),
+        };
+        let sampling = LlmSampling {
+            sampling: ragen_policy::Sampling { temperature, top_k: 0, top_p: 1.0 },
+            max_new_tokens: self.max_new_tokens,
+            ..LlmSampling::default()
+        };
+        Box::new(LlmPolicy::new(pretrained, sampling, seed))
+    }
+}
