@@ -19,7 +19,7 @@ use crate::loss::{Clip, kl_to_reference, masked_log_softmax, masked_mean, policy
 use anyhow::{Context, Result, bail};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::ElementConversion;
@@ -351,9 +351,16 @@ where
 
     /// One optimizer step on the rows `picked`:
     /// loss = clipped surrogate + value_coef · clipped value loss
-    /// − entropy_coef · entropy + kl_coef · KL (token means); then the
-    /// global gradient norm, clipped to `max_grad_norm`, and AdamW. A
-    /// non-finite gradient skips the step and hands the model back unchanged.
+    /// − entropy_coef · entropy + kl_coef · KL (token means over the
+    /// mini-batch); then the global gradient norm, clipped to
+    /// `max_grad_norm`, and AdamW. A non-finite gradient skips the step and
+    /// hands the model back unchanged.
+    ///
+    /// The mini-batch goes through the network in passes, each with its own
+    /// backward pass, and the gradients add up: each pass's token means
+    /// weigh `n_pass / n`, so the sum is the mini-batch's token mean, while
+    /// only one pass's graph is in memory at a time (a pretrained model's
+    /// activations for a whole mini-batch would not fit).
     #[allow(clippy::type_complexity)]
     fn step(
         &mut self,
@@ -363,43 +370,20 @@ where
         targets: &Targets,
         vocab: usize,
     ) -> std::result::Result<(M, UpdateStats), (M, anyhow::Error)> {
-        let Targets { advantages, returns, old_values, ref_logps } = targets;
         let cfg = self.config;
-        let device = &self.device;
         let mb: Vec<&Row> = picked.iter().map(|&i| &rows[i]).collect();
-        let (mut logps, mut values, mut entropies) = (vec![], vec![], vec![]);
-        let (mut wm_sum, mut wm_count) = (Tensor::<B, 1>::zeros([1], device), 0usize);
+        let tokens: usize = mb.iter().map(|r| r.agent.len()).sum();
+        let observed: usize = if cfg.world_model_coef != 0.0 { mb.iter().map(|r| r.observed.len()).sum() } else { 0 };
+        let mut accumulated = GradientsAccumulator::<M>::new();
+        let mut stats = UpdateStats { agent_tokens: tokens, ..UpdateStats::default() };
+        let mut at = 0;
         for chunk in passes(&mb, |len| model.rows_per_pass(len)) {
-            let s = score(&model, chunk, vocab, cfg.temperature, cfg.world_model_coef != 0.0, device);
-            logps.push(s.logp);
-            values.push(s.values);
-            entropies.push(s.entropy);
-            if let Some((sum, count)) = s.world_model {
-                wm_sum = wm_sum + sum;
-                wm_count += count;
-            }
+            let (grads, pass) = self.pass(&model, chunk, &picked[at..at + chunk.len()], targets, vocab, [tokens, observed]);
+            at += chunk.len();
+            accumulated.accumulate(&model, grads);
+            stats.add(&pass);
         }
-        // Token mean of the next-observation loss.
-        let wm = wm_sum / wm_count.max(1) as f64;
-        // Per-token inputs in the same order as the passes' outputs.
-        let gather = |xs: &[Vec<f32>]| picked.iter().flat_map(|&i| xs[i].iter().copied()).collect::<Vec<f32>>();
-        let old_logp: Vec<f32> = mb.iter().flat_map(|r| r.old_logp.iter().copied()).collect();
-        let n = old_logp.len();
-        let floats = |xs: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(xs, [n]), device);
-        let logp = Tensor::cat(logps, 0);
-        let mask = Tensor::<B, 1>::ones([n], device);
-        let pg = policy_loss(logp.clone(), floats(old_logp), floats(gather(advantages)), mask.clone(), cfg.clip);
-        let vl = value_loss(Tensor::cat(values, 0), floats(gather(old_values)), floats(gather(returns)), mask.clone(), cfg.value_clip);
-        let ent = masked_mean(Tensor::cat(entropies, 0), mask.clone());
-        let kl =
-            if ref_logps.is_empty() { Tensor::<B, 1>::zeros([1], device) } else { kl_to_reference(logp, floats(gather(ref_logps)), mask) };
-        let loss = pg.loss.clone() + vl.clone() * if cfg.estimator.uses_critic() { cfg.value_coef } else { 0.0 }
-            - ent.clone() * cfg.entropy_coef
-            + kl.clone() * cfg.kl_coef
-            + wm.clone() * cfg.world_model_coef;
-
-        let grads = loss.backward();
-        let mut grads = GradientsParams::from_grads(grads, &model);
+        let mut grads = accumulated.grads();
         let norm = global_norm(&model, &grads);
         if !norm.is_finite() {
             return Err((model, anyhow::anyhow!("the gradient norm is {norm}; the step was skipped and the model is unchanged by it")));
@@ -408,20 +392,62 @@ where
             scale_grads(&model, &mut grads, cfg.max_grad_norm / norm);
         }
         let model = self.optimizer.step(cfg.lr, model, grads);
-        let scalar = |t: Tensor<B, 1>| t.into_scalar().elem::<f32>();
+        Ok((model, UpdateStats { grad_norm: norm as f32, optimizer_steps: 0, ..stats }))
+    }
+
+    /// One pass of a mini-batch step over `chunk` (the rows `picked` of
+    /// the batch): its share of the loss, `[agent tokens, observed tokens]`
+    /// of the whole mini-batch being the denominators of the token means,
+    /// its gradients, and its share of the step's statistics.
+    fn pass(
+        &self,
+        model: &M,
+        chunk: &[&Row],
+        picked: &[usize],
+        targets: &Targets,
+        vocab: usize,
+        [tokens, observed]: [usize; 2],
+    ) -> (GradientsParams, UpdateStats) {
+        let Targets { advantages, returns, old_values, ref_logps } = targets;
+        let cfg = self.config;
+        let device = &self.device;
+        let s = score(model, chunk, vocab, cfg.temperature, cfg.world_model_coef != 0.0, device);
+        // Per-token inputs in the pass's order.
+        let gather = |xs: &[Vec<f32>]| picked.iter().flat_map(|&i| xs[i].iter().copied()).collect::<Vec<f32>>();
+        let old_logp: Vec<f32> = chunk.iter().flat_map(|r| r.old_logp.iter().copied()).collect();
+        let n = old_logp.len();
+        // This pass's share of the mini-batch's token means.
+        let share = n as f64 / tokens.max(1) as f64;
+        let floats = |xs: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(xs, [n]), device);
+        let mask = Tensor::<B, 1>::ones([n], device);
+        let pg = policy_loss(s.logp.clone(), floats(old_logp), floats(gather(advantages)), mask.clone(), cfg.clip);
+        let vl = value_loss(s.values, floats(gather(old_values)), floats(gather(returns)), mask.clone(), cfg.value_clip);
+        let ent = masked_mean(s.entropy, mask.clone());
+        let kl = if ref_logps.is_empty() {
+            Tensor::<B, 1>::zeros([1], device)
+        } else {
+            kl_to_reference(s.logp, floats(gather(ref_logps)), mask)
+        };
+        // The next-observation loss: this pass's sum over the mini-batch's count.
+        let wm = s.world_model.map_or_else(|| Tensor::<B, 1>::zeros([1], device), |(sum, _)| sum / observed.max(1) as f64);
+        let loss = (pg.loss.clone() + vl.clone() * if cfg.estimator.uses_critic() { cfg.value_coef } else { 0.0 }
+            - ent.clone() * cfg.entropy_coef
+            + kl.clone() * cfg.kl_coef)
+            * share
+            + wm.clone() * cfg.world_model_coef;
+        let grads = GradientsParams::from_grads(loss.backward(), model);
+        let scalar = |t: Tensor<B, 1>, weight: f64| t.into_scalar().elem::<f32>() * weight as f32;
         let stats = UpdateStats {
-            policy_loss: scalar(pg.loss),
-            value_loss: scalar(vl),
-            entropy: scalar(ent),
-            clip_fraction: scalar(pg.clip_fraction),
-            approx_kl: scalar(pg.approx_kl),
-            kl_to_reference: scalar(kl),
-            world_model_loss: scalar(wm),
-            grad_norm: norm as f32,
-            agent_tokens: n,
+            policy_loss: scalar(pg.loss, share),
+            value_loss: scalar(vl, share),
+            entropy: scalar(ent, share),
+            clip_fraction: scalar(pg.clip_fraction, share),
+            approx_kl: scalar(pg.approx_kl, share),
+            kl_to_reference: scalar(kl, share),
+            world_model_loss: scalar(wm, 1.0),
             ..UpdateStats::default()
         };
-        Ok((model, stats))
+        (grads, stats)
     }
 }
 
