@@ -22,6 +22,10 @@ pub struct RolloutMetrics {
     pub turns_mean: f64,
     /// Mean reply length in the policy's tokens.
     pub response_tokens_mean: f64,
+    /// Mean length of the thinking, in characters, over well-formed replies
+    /// with thinking on (0 without): a collapsing policy's thoughts shrink
+    /// or repeat.
+    pub think_chars_mean: f64,
     /// Trajectories cut short by an env failure.
     pub failures: usize,
 }
@@ -57,6 +61,9 @@ pub fn summarize(ts: &[Trajectory]) -> RolloutMetrics {
         actions_mean: mean(ts.iter().map(|t| t.num_actions as f64)),
         turns_mean: mean(ts.iter().map(|t| t.turns.len() as f64)),
         response_tokens_mean: mean(replies.map(|s| s.tokens.len() as f64)),
+        think_chars_mean: mean(
+            ts.iter().flat_map(|t| t.turns.iter().filter_map(|turn| turn.parsed.think.as_ref().map(|k| k.chars().count() as f64))),
+        ),
         failures: ts.iter().filter(|t| t.failure.is_some()).count(),
     }
 }

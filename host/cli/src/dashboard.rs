@@ -41,9 +41,10 @@ fn tick(y: f64, span: f64) -> String {
     }
 }
 
-/// Six panels: success (train and validation), reward, in-group reward std
-/// before and after the filter, entropy, gradient norm, clip fraction and
-/// approx KL.
+/// Nine panels: success (train and validation), reward, in-group reward
+/// std before and after the filter, entropy, gradient norm, clip fraction
+/// and approx KL, format-valid replies and valid actions, reply length and
+/// thinking length (a collapsing LLM's replies shrink or repeat).
 pub fn write(path: &Path, history: &[StepMetrics]) -> Result<()> {
     let xy = |f: &dyn Fn(&StepMetrics) -> Option<f64>| points(history, f);
     let charts: Vec<(&str, Vec<Series>)> = vec![
@@ -70,6 +71,12 @@ pub fn write(path: &Path, history: &[StepMetrics]) -> Result<()> {
             "clip fraction / approx KL",
             vec![("clip fraction", BLUE, xy(&|m| Some(m.clip_fraction as f64))), ("approx KL", RED, xy(&|m| Some(m.approx_kl as f64)))],
         ),
+        (
+            "format-valid replies / valid actions",
+            vec![("format-valid", BLUE, xy(&|m| Some(m.format_valid_ratio))), ("valid actions", RED, xy(&|m| Some(m.valid_action_ratio)))],
+        ),
+        ("reply length (tokens)", vec![("reply", BLUE, xy(&|m| Some(m.response_tokens)))]),
+        ("thinking length (characters)", vec![("thinking", BLUE, xy(&|m| Some(m.think_chars)))]),
     ];
     draw(path, charts)
 }
@@ -134,9 +141,10 @@ fn points(history: &[StepMetrics], f: &dyn Fn(&StepMetrics) -> Option<f64>) -> V
 /// Six line charts on a 2 x 3 grid.
 fn draw(path: &Path, charts: Vec<(&str, Vec<Series>)>) -> Result<()> {
     font()?;
-    let root = BitMapBackend::new(path, (1500, 900)).into_drawing_area();
+    let rows = charts.len().div_ceil(3);
+    let root = BitMapBackend::new(path, (1500, 450 * rows as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
-    let panels = root.split_evenly((2, 3));
+    let panels = root.split_evenly((rows, 3));
     let last_step = charts.iter().flat_map(|c| c.1.iter().flat_map(|s| s.2.iter().map(|p| p.0))).fold(1.0f64, f64::max);
     for (area, (title, series)) in panels.iter().zip(charts) {
         let ys: Vec<f64> = series.iter().flat_map(|s| s.2.iter().map(|p| p.1)).filter(|y| y.is_finite()).collect();

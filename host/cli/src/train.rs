@@ -36,6 +36,10 @@ pub fn run(opts: Options) -> Result<()> {
         plugin, &config, &out, resume, device, &stop, |m| progress.on_step(m)
     )?);
     progress.bar.finish();
+    // The last steps, when the run stopped between validations.
+    if let Err(e) = crate::dashboard::write(&progress.dashboard, &progress.seen) {
+        eprintln!("warning: no dashboard: {e:#}");
+    }
     let last_val = history.iter().rev().find_map(|m| m.val_success);
     eprintln!(
         "done: {} steps; last validation success {}; in {}: metrics.jsonl, dashboard.png, checkpoint/",

@@ -96,11 +96,15 @@ pub struct SamplingSection {
     /// per-turn response length); a reply cut here has no `</answer>` and
     /// pays the format penalty.
     pub max_new_tokens: usize,
+    /// Replies a pretrained model samples together (the prompts of a
+    /// batch share their common prefix's pass; larger batches read the
+    /// weights fewer times per token).
+    pub batch: usize,
 }
 
 impl Default for SamplingSection {
     fn default() -> Self {
-        Self { temperature: 1.0, val_temperature: 0.5, think_budget: 16, max_new_tokens: 200 }
+        Self { temperature: 1.0, val_temperature: 0.5, think_budget: 16, max_new_tokens: 200, batch: 64 }
     }
 }
 

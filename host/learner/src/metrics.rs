@@ -50,6 +50,15 @@ pub struct StepMetrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_failure: Option<String>,
     pub response_tokens: f64,
+    /// Share of replies in the expected format, whatever their actions.
+    #[serde(default)]
+    pub format_valid_ratio: f64,
+    /// Mean thinking length in characters (well-formed replies, thinking on).
+    #[serde(default)]
+    pub think_chars: f64,
+    /// Tokens the update read per epoch (prompts and replies, every row).
+    #[serde(default)]
+    pub update_tokens: usize,
     pub valid_action_ratio: f64,
     pub effective_action_ratio: f64,
     /// Validation success (`val_episodes` fixed seeds from

@@ -84,6 +84,7 @@ pub struct Chat {
     /// The tokenizer with the template, as the policy and the learner use it.
     chat: ragen_llm::ChatTokenizer,
     max_new_tokens: usize,
+    batch: usize,
 }
 
 /// The model file a run trains, and its SHA-256: a checkpoint of adapters
@@ -137,7 +138,8 @@ impl Chat {
         let Pretrained { model, tokenizer, template, config: llm_config, path, .. } = pretrained;
         let model = model.with_lora(&config.lora);
         let learner = Learner::new(model, None, resolved.update, device);
-        Ok((Self { tokenizer, template, config: llm_config, path, chat, max_new_tokens }, learner))
+        let batch = config.sampling.batch.max(1);
+        Ok((Self { tokenizer, template, config: llm_config, path, chat, max_new_tokens, batch }, learner))
     }
 
     /// Bytes of memory the model's weights take as f32 (for reports).
@@ -165,7 +167,7 @@ impl<B: AutodiffBackend> Trainee<B> for Chat {
         let sampling = LlmSampling {
             sampling: ragen_policy::Sampling { temperature, top_k: 0, top_p: 1.0 },
             max_new_tokens: self.max_new_tokens,
-            ..LlmSampling::default()
+            batch: self.batch,
         };
         Box::new(LlmPolicy::new(pretrained, sampling, seed))
     }

@@ -104,6 +104,8 @@ pub struct UpdateStats {
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
     pub agent_tokens: usize,
+    /// Tokens of every row of the batch (one epoch's reading).
+    pub row_tokens: usize,
     /// Trajectories longer than the model's context, of which only the last
     /// `max_seq_len` tokens were trained on.
     pub truncated: usize,
@@ -254,7 +256,8 @@ where
         let (advantages, returns) = self.config.estimator.estimate(&sequences, self.config.gamma, self.config.lambda);
         let targets = Targets { advantages, returns, old_values, ref_logps };
         let stats = self.optimize(&rows, &targets, vocab)?;
-        Ok(UpdateStats { agent_tokens: rows.iter().map(|r| r.agent.len()).sum(), truncated, ..stats })
+        let row_tokens = rows.iter().map(|r| r.tokens.len()).sum();
+        Ok(UpdateStats { agent_tokens: rows.iter().map(|r| r.agent.len()).sum(), row_tokens, truncated, ..stats })
     }
 
     /// 1. Lay out each trajectory: its tokens, where the agent's are, the
