@@ -30,7 +30,12 @@ pub fn run(opts: Options) -> Result<()> {
     let (config, out, resume) = resolve(&opts)?;
     let plugin = Arc::new(Plugin::from_file_with(&opts.env, config.agent.sandbox.limits()?)?);
     let stop = stop_on_ctrl_c()?;
-    eprintln!("training `{}` with {:?} for {} steps into {}", opts.env.display(), config.algo, config.steps, out.display());
+    let policy = match &config.model_path {
+        Some(m) if config.lora.is_on() => format!("`{}` with LoRA rank {}", m.display(), config.lora.rank),
+        Some(m) => format!("`{}` in full", m.display()),
+        None => "a transformer from scratch".to_string(),
+    };
+    eprintln!("training {policy} on `{}` with {:?} for {} steps into {}", opts.env.display(), config.algo, config.steps, out.display());
     let mut progress = Progress::new(&config, &out)?;
     let history = crate::backend::with_backend!(opts.backend, B, device => train::<B>(
         plugin, &config, &out, resume, device, &stop, |m| progress.on_step(m)

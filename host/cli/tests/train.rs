@@ -276,3 +276,21 @@ fn sigterm_stops_a_run_after_its_step_with_a_checkpoint() {
     let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("checkpoint/state.json")).unwrap()).unwrap();
     assert_eq!(state["step"].as_u64().unwrap() as usize, lines(), "the checkpoint holds every step metrics.jsonl reports");
 }
+
+#[test]
+fn every_example_config_is_a_valid_training_config() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let config = ragen_learner::TrainConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            config.resolve().unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            if path.file_name().unwrap().to_string_lossy().starts_with("smollm2-") {
+                assert!(config.model_path.is_some() && config.lora.rank > 0, "{} trains SmolLM2 with LoRA", path.display());
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 9, "only {checked} example configs found in {}", dir.display());
+}

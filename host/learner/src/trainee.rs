@@ -141,11 +141,6 @@ impl Chat {
         let batch = config.sampling.batch.max(1);
         Ok((Self { tokenizer, template, config: llm_config, path, chat, max_new_tokens, batch }, learner))
     }
-
-    /// Bytes of memory the model's weights take as f32 (for reports).
-    pub fn parameter_count(&self) -> usize {
-        self.config.parameter_count()
-    }
 }
 
 impl<B: AutodiffBackend> Trainee<B> for Chat {
