@@ -2,13 +2,13 @@
 //! written as a Hugging Face directory, sampled through its chat template,
 //! updated by the learner. Only the adapters and the value head move; the
 //! KL to the reference (the base without adapters) starts at zero; and the
-//! model learns Bandit.
+//! model learns Bandit (through StarPO-S's variance filter, as a run applies it).
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::prelude::*;
 use ragen_agent::{PromptTemplates, RolloutRunner, Trajectory, summarize};
-use ragen_learner::{Chat, TrainConfig, Trainee};
+use ragen_learner::{Chat, RolloutFilter, TrainConfig, Trainee};
 use ragen_llm::{Architecture, LoraConfig};
 use ragen_test_fixtures::tiny_llm::Tiny;
 use safetensors::Dtype;
@@ -97,24 +97,33 @@ fn an_update_moves_only_the_adapters_and_the_value_head_and_the_kl_starts_at_zer
 #[test]
 fn a_tiny_llama_with_lora_learns_bandit() {
     let started = Instant::now();
-    // The better arm always pays 1, the other 0.1: a clear signal, so the
-    // test is about the machinery, not about patience.
-    let settings = vec![("hi_arm_hiscore_prob".to_string(), "1.0".to_string())];
+    // The better arm always pays 1, the other what a malformed reply costs:
+    // a clear signal, so the test is about the machinery, not patience. (A
+    // random model that finds the worse arm first would otherwise settle on
+    // it: it is worth more than a malformed reply, and the better arm is
+    // then too rare to be found.)
+    let settings = vec![("hi_arm_hiscore_prob".to_string(), "1.0".to_string()), ("lo_arm_score".to_string(), "-0.1".to_string())];
     let mut config = config(tiny_model("bandit"));
     config.ppo.lr = Some(2e-2);
+    config.agent.rollout.env_groups = 16;
     let runner = runner(&config, &settings);
     <B as Backend>::seed(&Default::default(), 0);
     let (trainee, mut learner) = Chat::build::<B>(&config, config.model_path.as_ref().unwrap(), Default::default()).unwrap();
     let mut history = vec![];
     for step in 0..80u64 {
         let mut policy = Trainee::<B>::policy(&trainee, learner.policy_model(), 1.0, step, &Default::default());
-        let seeds: Vec<u64> = (0..8).map(|g| step * 8 + g).collect();
+        let g = config.agent.rollout.env_groups as u64;
+        let seeds: Vec<u64> = (0..g).map(|i| step * g + i).collect();
         let ts = runner.run(policy.as_mut(), &seeds).unwrap();
         history.push(summarize(&ts).success_rate);
         if history.len() >= 3 && history[history.len() - 3..].iter().all(|&s| s >= 0.9) {
             break;
         }
-        let batch: Vec<&Trajectory> = ts.iter().collect();
+        // StarPO-S's variance filter, as a run applies it.
+        let rewards: Vec<Vec<f32>> =
+            (0..seeds.len()).map(|g| ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()).collect();
+        let kept = RolloutFilter { ratio: 0.25 }.keep(&rewards);
+        let batch: Vec<&Trajectory> = ts.iter().filter(|t| kept.contains(&t.group)).collect();
         let stats = learner.update(&batch, Trainee::<B>::tokenizer(&trainee)).unwrap();
         assert!(stats.grad_norm.is_finite() && stats.entropy.is_finite(), "{stats:?}");
     }
