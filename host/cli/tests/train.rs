@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{plugin, ragen_host, scratch, text};
+use common::{plugin, ragen_host, scratch, text, without_timings};
 
 const SMALL: &str = r#"
 steps = 6
@@ -173,19 +173,6 @@ fn the_schedule_sets_each_steps_rate_and_the_best_validated_checkpoint_is_kept()
     let (read, success) = eval(&run.join("checkpoint"));
     assert!(read.contains("checkpoint`") && read.contains("after step 5"), "{read}");
     assert_eq!(success, val[4], "the last step's validation replayed on the validation seeds");
-}
-
-/// Every metric of every line but the wall-clock timings.
-fn without_timings(metrics: &str) -> Vec<serde_json::Value> {
-    metrics
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let m = v.as_object_mut().unwrap();
-            assert!(m.remove("rollout_seconds").is_some() && m.remove("update_seconds").is_some());
-            v
-        })
-        .collect()
 }
 
 #[test]

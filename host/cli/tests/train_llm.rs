@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{plugin, ragen_host, scratch, text};
+use common::{plugin, ragen_host, scratch, text, without_timings};
 use ragen_llm::Architecture;
 use ragen_test_fixtures::tiny_llm::Tiny;
 use safetensors::Dtype;
@@ -36,20 +36,6 @@ max_new_tokens = 1
 [ppo]
 lr = 0.02
 "#;
-
-/// Every metric of every line but the wall-clock timings.
-fn without_timings(metrics: &str) -> Vec<serde_json::Value> {
-    metrics
-        .lines()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let m = v.as_object_mut().unwrap();
-            m.remove("rollout_seconds");
-            m.remove("update_seconds");
-            v
-        })
-        .collect()
-}
 
 #[test]
 fn a_lora_run_checkpoints_its_adapters_resumes_exactly_and_refuses_another_base() {

@@ -271,18 +271,8 @@ impl<'c, B: AutodiffBackend, T: Trainee<B>> Run<'c, B, T> {
     /// the first step still to run.
     fn resume(&mut self) -> Result<u64> {
         let state = CheckpointState::read(&self.dir.checkpoint()).with_context(|| format!("cannot resume `{}`", self.dir.0.display()))?;
-        if let (Some(then), Some(now)) = (&state.base_model, &self.base)
-            && then.sha256 != now.sha256
-        {
-            bail!(
-                "cannot resume `{}`: its checkpoint was trained on `{}` (SHA-256 {}), but `{}` is now another file (SHA-256 {}); \
-                 resume with the model it was trained on",
-                self.dir.0.display(),
-                then.path.display(),
-                then.sha256,
-                now.path.display(),
-                now.sha256
-            );
+        if let (Some(then), Some(now)) = (&state.base_model, &self.base) {
+            then.ensure_same(now, "resume", &self.dir.0)?;
         }
         self.learner.load(&self.dir.checkpoint())?;
         // The best so far, unless it came from steps about to be replayed
@@ -399,9 +389,8 @@ impl<'c, B: AutodiffBackend, T: Trainee<B>> Run<'c, B, T> {
         CheckpointState { step, val_success, base_model: self.base.clone() }
     }
 
-    /// Success on the fixed validation seeds (from `VAL_SEED_START`, apart
-    /// from the eval seeds), at the validation temperature.
-    /// Success on the validation seeds. Every validation draws with the
+    /// Success on the validation seeds (from `VAL_SEED_START`, apart from
+    /// the eval seeds), at the validation temperature. Every validation draws with the
     /// same sampling seed (the run's), so checkpoints are compared on the
     /// same envs and the same random numbers, and `ragen-host eval
     /// --checkpoint DIR --seed-start 1000000 --episodes <val_episodes>
@@ -477,29 +466,27 @@ pub fn load_trained<B: AutodiffBackend>(
     let state = CheckpointState::read(&checkpoint)?;
     let temperature = config.sampling.val_temperature as f32;
     let policy = match &config.model_path {
-        None => {
-            let (trainee, mut learner) = Scratch::build::<B>(&config, spec, device.clone())?;
-            learner.load(&checkpoint)?;
-            Trainee::<B>::policy(&trainee, learner.policy_model(), temperature, seed, &device)
-        }
+        None => loaded(Scratch::build::<B>(&config, spec, device.clone())?, &checkpoint, temperature, seed, &device)?,
         Some(model) => {
             if let Some(then) = &state.base_model {
-                let now = BaseModel::of(model)?;
-                if now.sha256 != then.sha256 {
-                    bail!(
-                        "the checkpoint `{}` was trained on `{}` (SHA-256 {}), but `{}` is now another file: evaluate it with that model",
-                        checkpoint.display(),
-                        then.path.display(),
-                        then.sha256,
-                        model.display()
-                    );
-                }
+                then.ensure_same(&BaseModel::of(model)?, "evaluate", &checkpoint)?;
             }
-            let (trainee, mut learner) = Chat::build::<B>(&config, model, device.clone())?;
-            learner.load(&checkpoint)?;
-            Trainee::<B>::policy(&trainee, learner.policy_model(), temperature, seed, &device)
+            loaded(Chat::build::<B>(&config, model, device.clone())?, &checkpoint, temperature, seed, &device)?
         }
     };
     let info = CheckpointInfo { dir: checkpoint, step: state.step, val_success: state.val_success };
     Ok((policy, config, info))
+}
+
+/// The policy of a freshly built trainee and learner once `checkpoint` is
+/// loaded into it.
+fn loaded<B: AutodiffBackend, T: Trainee<B>>(
+    (trainee, mut learner): (T, Learner<B, T::Net>),
+    checkpoint: &Path,
+    temperature: f32,
+    seed: u64,
+    device: &B::Device,
+) -> Result<Box<dyn Policy>> {
+    learner.load(checkpoint)?;
+    Ok(trainee.policy(learner.policy_model(), temperature, seed, device))
 }

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, ensure};
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::{Policy, Tokenizer};
-use ragen_llm::{ChatTemplate, Llm, LlmConfig, LlmPolicy, LlmSampling, LlmTokenizer, Pretrained};
+use ragen_llm::{Llm, LlmConfig, LlmPolicy, LlmSampling, Pretrained};
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModel, PolicyModelConfig, PolicyNetwork, SamplingConfig};
 use ragen_runtime::EnvSpec;
 use std::path::{Path, PathBuf};
@@ -77,8 +77,6 @@ impl<B: AutodiffBackend> Trainee<B> for Scratch {
 /// A pretrained model from its file, with LoRA adapters when `[lora]` has
 /// a rank, and the tokenizer and chat template the file carries.
 pub struct Chat {
-    tokenizer: LlmTokenizer,
-    template: ChatTemplate,
     config: LlmConfig,
     path: PathBuf,
     /// The tokenizer with the template, as the policy and the learner use it.
@@ -135,11 +133,29 @@ impl Chat {
             pretrained.config.max_position_embeddings
         );
         let chat = pretrained.chat_tokenizer(max_new_tokens);
-        let Pretrained { model, tokenizer, template, config: llm_config, path, .. } = pretrained;
+        let Pretrained { model, config: llm_config, path, .. } = pretrained;
         let model = model.with_lora(&config.lora);
         let learner = Learner::new(model, None, resolved.update, device);
         let batch = config.sampling.batch.max(1);
-        Ok((Self { tokenizer, template, config: llm_config, path, chat, max_new_tokens, batch }, learner))
+        Ok((Self { config: llm_config, path, chat, max_new_tokens, batch }, learner))
+    }
+}
+
+impl BaseModel {
+    /// Refuse `now` unless it is the file `self` recorded, the base of the
+    /// run or checkpoint `subject` that is to be `verb`ed ("resume").
+    pub fn ensure_same(&self, now: &BaseModel, verb: &str, subject: &Path) -> Result<()> {
+        ensure!(
+            self.sha256 == now.sha256,
+            "cannot {verb} `{}`: it was trained on `{}` (SHA-256 {}), but `{}` is now another file (SHA-256 {}); \
+             {verb} with the model it was trained on",
+            subject.display(),
+            self.path.display(),
+            self.sha256,
+            now.path.display(),
+            now.sha256
+        );
+        Ok(())
     }
 }
 
@@ -153,8 +169,8 @@ impl<B: AutodiffBackend> Trainee<B> for Chat {
     fn policy(&self, net: Llm<B::InnerBackend>, temperature: f32, seed: u64, device: &B::Device) -> Box<dyn Policy> {
         let pretrained = Pretrained {
             model: net,
-            tokenizer: self.tokenizer.clone(),
-            template: self.template.clone(),
+            tokenizer: self.chat.tokenizer.clone(),
+            template: self.chat.template.clone(),
             config: self.config.clone(),
             path: self.path.clone(),
             device: device.clone(),

@@ -56,3 +56,16 @@ pub fn play(args: &[&str], keys: &str) -> (bool, String) {
     let out = child.wait_with_output().unwrap();
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
+
+/// Every metric of every line but the wall-clock timings.
+pub fn without_timings(metrics: &str) -> Vec<serde_json::Value> {
+    metrics
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let m = v.as_object_mut().unwrap();
+            assert!(m.remove("rollout_seconds").is_some() && m.remove("update_seconds").is_some());
+            v
+        })
+        .collect()
+}
