@@ -122,7 +122,8 @@ impl Environment for FrozenLake {
     fn spec(&self) -> EnvSpec {
         EnvSpec {
             instructions: "You are solving the FrozenLake puzzle. Avoid the holes and reach the goal. \
-                The ice is slippery: you may move in a direction you did not intend."
+                The ice is slippery: you may move in a direction you did not intend. \
+                The answer should be a sequence of actions, like <answer>Left || Up</answer>"
                 .into(),
             legend: vec![
                 LegendEntry::new('P', "player"),

@@ -141,7 +141,8 @@ impl Environment for Sokoban {
         EnvSpec {
             instructions: "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets. \
                 When you are right next to a box, you can push it by moving in the same direction. \
-                You cannot push a box through a wall, and you cannot pull a box."
+                You cannot push a box through a wall, and you cannot pull a box. \
+                The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>"
                 .into(),
             legend: self.symbols.legend(),
             actions: Dir::ALL.iter().map(|d| d.name().to_string()).collect(),
