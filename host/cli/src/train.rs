@@ -92,20 +92,32 @@ fn resolve(opts: &Options) -> Result<(TrainConfig, PathBuf, bool)> {
 
 /// The flag the first Ctrl-C (or SIGTERM, or SIGHUP: a scheduler's or
 /// `timeout`'s stop) raises: the run stops after the current step, with a
-/// checkpoint. A second one exits at once.
+/// checkpoint. A second one exits at once, unless it comes within
+/// [`SAME_STOP`] of the first: `timeout` and some schedulers signal the
+/// process and then its whole process group, so one stop arrives twice.
 fn stop_on_ctrl_c() -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
+    let mut first: Option<std::time::Instant> = None;
+    ctrlc::set_handler(move || match first {
+        Some(at) if at.elapsed() >= SAME_STOP => {
             eprintln!("\nsecond stop signal: stopping now without a final checkpoint");
             std::process::exit(130);
         }
-        eprintln!("\nstop signal (Ctrl-C or SIGTERM): finishing this step, then writing a checkpoint (Ctrl-C again to abort)");
+        Some(_) => {}
+        None => {
+            first = Some(std::time::Instant::now());
+            flag.store(true, Ordering::SeqCst);
+            eprintln!("\nstop signal (Ctrl-C or SIGTERM): finishing this step, then writing a checkpoint (Ctrl-C again to abort)");
+        }
     })
     .context("cannot install the Ctrl-C and SIGTERM handler")?;
     Ok(stop)
 }
+
+/// Signals this close together are one stop delivered twice, not a person
+/// pressing Ctrl-C again.
+const SAME_STOP: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The progress bar, its warnings, and the dashboard redrawn on validation
 /// steps.

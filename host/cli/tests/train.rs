@@ -226,7 +226,10 @@ fn compare_draws_runs_side_by_side_and_names_a_bad_directory() {
 fn sigterm_stops_a_run_after_its_step_with_a_checkpoint() {
     // A stop from a scheduler or `timeout` (SIGTERM) must not lose the run:
     // like Ctrl-C, it finishes the step in hand and writes a checkpoint,
-    // although no periodic checkpoint is due.
+    // although no periodic checkpoint is due. `timeout` signals the process
+    // and then its process group, so the stop arrives twice at once: that
+    // is still one stop, not a second Ctrl-C that aborts.
+    use std::os::unix::process::CommandExt;
     let dir = scratch("train-sigterm");
     let config = dir.join("long.toml");
     std::fs::write(&config, SMALL.replace("steps = 6", "steps = 100000").replace("save_freq = 2", "save_freq = 100000")).unwrap();
@@ -235,6 +238,7 @@ fn sigterm_stops_a_run_after_its_step_with_a_checkpoint() {
     let bandit = plugin("bandit");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ragen-host"))
         .args(["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--out", run.to_str().unwrap()])
+        .process_group(0)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -247,8 +251,10 @@ fn sigterm_stops_a_run_after_its_step_with_a_checkpoint() {
         assert!(child.try_wait().unwrap().is_none(), "the run ended on its own");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let kill = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(kill.success());
+    for target in [child.id().to_string(), format!("-{}", child.id())] {
+        let kill = std::process::Command::new("kill").args(["-TERM", "--", &target]).status().unwrap();
+        assert!(kill.success());
+    }
     let started = std::time::Instant::now();
     while child.try_wait().unwrap().is_none() {
         if started.elapsed() > std::time::Duration::from_secs(60) {
@@ -259,6 +265,7 @@ fn sigterm_stops_a_run_after_its_step_with_a_checkpoint() {
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
+    assert!(!text(&out).contains("second stop signal"), "{}", text(&out));
     assert!(text(&out).contains("--resume"), "says how to continue: {}", text(&out));
     let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("checkpoint/state.json")).unwrap()).unwrap();
     assert_eq!(state["step"].as_u64().unwrap() as usize, lines(), "the checkpoint holds every step metrics.jsonl reports");
