@@ -44,6 +44,9 @@ pub struct Report {
     /// Time to read, check and compile the component, in milliseconds: paid
     /// once per process (`train`, `eval`, `play`...), not per env.
     pub load_ms: f64,
+    /// Whether the compiled code came from the compile cache (then
+    /// `load_ms` is a cached load; `--no-cache` measures compilation).
+    pub load_from_cache: bool,
     /// Mean time to create one plugin instance, in milliseconds.
     pub instantiate_ms: f64,
     /// Linear memory of one instance running one env, in bytes: mostly the
@@ -109,6 +112,7 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
         ratio,
         component_bytes: plugin.size_bytes(),
         load_ms,
+        load_from_cache: plugin.from_cache(),
         instantiate_ms: probe.instantiate_ms,
         linear_memory_bytes_per_instance: probe.linear_memory_bytes_per_instance,
         resident_bytes_per_instance: probe.resident_bytes_per_instance,
@@ -271,8 +275,9 @@ impl Report {
             self.resident_bytes_per_instance / (1 << 20) as f64,
         );
         s += &format!(
-            "  load       {:.0} ms to read and compile the {:.1} MiB component (once per process)\n",
+            "  load       {:.0} ms to read and {} the {:.1} MiB component (once per process)\n",
             self.load_ms,
+            if self.load_from_cache { "fetch from the compile cache" } else { "compile" },
             self.component_bytes as f64 / (1 << 20) as f64
         );
         if self.failures > 0 {

@@ -2,7 +2,7 @@
 //! JSON, read through the sandbox exactly as training would read it.
 
 use anyhow::{Context, Result, anyhow};
-use ragen_runtime::{CONTRACT_PACKAGE, Plugin};
+use ragen_runtime::{CONTRACT_PACKAGE, CompileCache, Plugin};
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::Path;
@@ -11,6 +11,11 @@ use std::path::Path;
 pub struct Report {
     pub file: String,
     pub size_bytes: usize,
+    /// Seconds to read, compile (or fetch from the compile cache) and link it.
+    pub load_seconds: f64,
+    /// Where its compiled code came from: `compiled` (and kept in the cache
+    /// when one is on), `cache`, or `compiled, cache off`.
+    pub compiled: &'static str,
     /// The contract the plugin was built against, e.g. `ragen:env@0.1.0`.
     pub contract: String,
     pub name: String,
@@ -59,7 +64,14 @@ pub struct Limits {
 }
 
 pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
+    let clock = std::time::Instant::now();
     let plugin = Plugin::from_file(file)?;
+    let load_seconds = clock.elapsed().as_secs_f64();
+    let compiled = match (plugin.from_cache(), CompileCache::process_default()) {
+        (true, _) => "cache",
+        (false, CompileCache::Off) => "compiled, cache off",
+        (false, CompileCache::Dir(_)) => "compiled",
+    };
     let mut inst = plugin.instantiate()?;
     let info = inst.info().with_context(|| format!("`{}` trapped in info()", file.display()))?;
     let env = inst
@@ -70,6 +82,8 @@ pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
     Ok(Report {
         file: file.display().to_string(),
         size_bytes: plugin.size_bytes(),
+        load_seconds,
+        compiled,
         contract: format!("{CONTRACT_PACKAGE}@{}", plugin.contract_version()),
         name: info.name,
         version: info.version,
@@ -104,6 +118,7 @@ impl Report {
         // Writing to a String cannot fail.
         let _ = writeln!(s, "{} {}: {}", self.name, self.version, self.description);
         let _ = writeln!(s, "  file          {} ({} bytes)", self.file, self.size_bytes);
+        let _ = writeln!(s, "  loaded        in {:.2} s ({})", self.load_seconds, self.compiled);
         let _ = writeln!(s, "  contract      {}", self.contract);
         let _ = writeln!(s, "  turns         {}", if self.multi_turn { "multi-turn" } else { "single-turn" });
         let actions: Vec<String> = self.env.actions.iter().enumerate().map(|(i, a)| format!("{i}={a}")).collect();

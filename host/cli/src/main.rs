@@ -42,6 +42,13 @@ use std::time::Duration;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Compile plugins afresh instead of reusing compiled code from the
+    /// cache ($RAGEN_CACHE_DIR, else ~/.cache/ragen-rs/compiled; the
+    /// environment variable RAGEN_NO_CACHE=1 does the same). The cache
+    /// holds only this program's own compiler output, keyed by the
+    /// plugin's bytes, the wasmtime version and its settings.
+    #[arg(long, global = true)]
+    no_cache: bool,
 }
 
 /// Settings passed to the plugin's `create`.
@@ -366,6 +373,9 @@ fn print_report<T: serde::Serialize>(report: &T, json: bool, text: impl FnOnce(&
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
+    if cli.no_cache {
+        ragen_runtime::CompileCache::set_process_default(ragen_runtime::CompileCache::Off);
+    }
     match cli.command {
         Command::Inspect { file, json, settings } => {
             print_report(&inspect::inspect(&file, &settings.parse()?)?, json, inspect::Report::to_text)?;

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{plugin, ragen_host};
+use common::{plugin, ragen_host, scratch};
 use std::path::PathBuf;
 
 #[test]
@@ -48,4 +48,31 @@ fn inspect_explains_what_is_wrong() {
 
     let malformed = ragen_host(&["inspect", path.to_str().unwrap(), "--set", "dim_x"]);
     assert!(String::from_utf8_lossy(&malformed.stderr).contains("expected KEY=VALUE"));
+}
+
+#[test]
+fn the_second_load_comes_from_the_compile_cache() {
+    // The first load compiles and keeps the code; the next process reuses
+    // it; `--no-cache` and RAGEN_NO_CACHE compile afresh.
+    let cache = scratch("compile-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let path = plugin("sokoban");
+    let compiled = |extra: &[&str], vars: &[(&str, &std::path::Path)]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ragen-host"))
+            .args(["inspect", path.to_str().unwrap(), "--json"])
+            .args(extra)
+            .env_remove("RAGEN_NO_CACHE")
+            .env("RAGEN_CACHE_DIR", &cache)
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["compiled"].as_str().unwrap().to_string()
+    };
+    assert_eq!(compiled(&[], &[]), "compiled");
+    assert!(std::fs::read_dir(&cache).unwrap().next().is_some(), "the compiled code was kept in {}", cache.display());
+    assert_eq!(compiled(&[], &[]), "cache");
+    assert_eq!(compiled(&["--no-cache"], &[]), "compiled, cache off");
+    assert_eq!(compiled(&[], &[("RAGEN_NO_CACHE", std::path::Path::new("1"))]), "compiled, cache off");
 }

@@ -4,6 +4,8 @@
 //! * [`Plugin`] is a compiled plugin: checked once (is it a component? does
 //!   it speak our contract version?), compiled once, instantiated many times.
 //! * [`PluginInstance`] is one sandboxed instance holding any number of envs.
+//! * [`CompileCache`] keeps compiled plugins on disk between processes
+//!   (wasmtime's cache; see the `cache` module for its trust model).
 //! * [`EnvPool`] runs many envs across worker threads with one batched API,
 //!   autoreset, and fault containment (see the `pool` module docs).
 //!
@@ -14,6 +16,7 @@
 //! the `wasi` module). Any other import traps if called.
 
 mod bindings;
+mod cache;
 mod contract;
 mod instance;
 mod plugin;
@@ -25,6 +28,7 @@ mod wasi;
 
 pub use bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo, StepResult};
 pub use bindings::ragen::env::types::{ConfigKey, EnvError, ErrorKind, LegendEntry, Limits, StepInfo};
+pub use cache::{CACHE_DIR_VAR, CompileCache, NO_CACHE_VAR};
 pub use contract::{CONTRACT_PACKAGE, CONTRACT_VERSION, ContractVersion};
 pub use instance::{EnvHandle, PluginInstance};
 pub use plugin::Plugin;

@@ -2,6 +2,7 @@
 
 use crate::IntoAnyhow;
 use crate::bindings::EnvPluginPre;
+use crate::cache::CompileCache;
 use crate::contract::{self, ContractVersion};
 use crate::instance::PluginInstance;
 use crate::sandbox::{self, SandboxLimits, StoreState};
@@ -43,6 +44,7 @@ pub struct Plugin {
     imports: Vec<String>,
     size_bytes: usize,
     source: String,
+    from_cache: bool,
 }
 
 impl Plugin {
@@ -59,7 +61,14 @@ impl Plugin {
     }
 
     /// Load a component from memory; `source` names it in error messages.
+    /// Compiled code comes from, and goes to, the process's
+    /// [`CompileCache`].
     pub fn from_bytes(bytes: &[u8], source: &str, limits: SandboxLimits) -> Result<Self> {
+        Self::from_bytes_cached(bytes, source, limits, CompileCache::process_default())
+    }
+
+    /// [`from_bytes`](Self::from_bytes) with a chosen compile cache.
+    pub fn from_bytes_cached(bytes: &[u8], source: &str, limits: SandboxLimits, cache: &CompileCache) -> Result<Self> {
         let fail = || format!("cannot load plugin `{source}`");
         contract::check_is_component(bytes).with_context(fail)?;
 
@@ -68,8 +77,14 @@ impl Plugin {
         // The time budget per call: the store's deadline is checked against
         // an epoch that a ticker thread advances.
         config.epoch_interruption(true);
+        let cache = cache.wasmtime();
+        config.cache(cache.clone());
         let engine = Engine::new(&config).anyhow().context("cannot create the wasmtime engine")?;
+        let hits = cache.as_ref().map(|c| c.cache_hits());
         let component = Component::new(&engine, bytes).anyhow().with_context(fail)?;
+        // Best effort: another load from the same directory at the same
+        // moment in this process could count as this one's hit.
+        let from_cache = cache.as_ref().zip(hits).is_some_and(|(c, before)| c.cache_hits() > before);
 
         let ty = component.component_type();
         let exports: Vec<String> = ty.exports(&engine).map(|(name, _)| name.to_string()).collect();
@@ -84,7 +99,7 @@ impl Plugin {
         let pre = EnvPluginPre::new(linker.instantiate_pre(&component).anyhow().with_context(fail)?).anyhow().with_context(fail)?;
         sandbox::start_epoch_ticker(&engine);
 
-        Ok(Self { engine, pre, limits, contract_version, imports, size_bytes: bytes.len(), source: source.to_string() })
+        Ok(Self { engine, pre, limits, contract_version, imports, size_bytes: bytes.len(), source: source.to_string(), from_cache })
     }
 
     /// A fresh, isolated instance: its own memory, its own envs.
@@ -115,6 +130,12 @@ impl Plugin {
 
     pub fn size_bytes(&self) -> usize {
         self.size_bytes
+    }
+
+    /// Whether its compiled code came from the [`CompileCache`] rather than
+    /// the compiler.
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
     }
 
     /// The name it was loaded under (a path or a label).
