@@ -487,6 +487,6 @@ fn loaded<B: AutodiffBackend, T: Trainee<B>>(
     seed: u64,
     device: &B::Device,
 ) -> Result<Box<dyn Policy>> {
-    learner.load(checkpoint)?;
+    learner.load_weights(checkpoint)?;
     Ok(trainee.policy(learner.policy_model(), temperature, seed, device))
 }

@@ -224,11 +224,10 @@ where
         Ok(())
     }
 
-    /// Restore what [`Learner::save`] wrote.
+    /// Restore what [`Learner::save`] wrote, to continue training.
     pub fn load(&mut self, dir: &Path) -> Result<()> {
+        self.load_weights(dir)?;
         let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
-        let model = self.model.take().expect("model present");
-        self.model = Some(model.load_weights(&dir.join("model"), &self.device).context("cannot read the checkpoint's model")?);
         let record = recorder
             .load(dir.join("optimizer"), &self.device)
             .with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
@@ -237,6 +236,15 @@ where
             self.reference =
                 Some(reference.load_weights(&dir.join("reference"), &self.device).context("cannot read the checkpoint's reference model")?);
         }
+        Ok(())
+    }
+
+    /// Restore only the trained weights [`Learner::save`] wrote, to play
+    /// them: the optimizer's state (twice the weights under full
+    /// fine-tuning) and the reference stay unread.
+    pub fn load_weights(&mut self, dir: &Path) -> Result<()> {
+        let model = self.model.take().expect("model present");
+        self.model = Some(model.load_weights(&dir.join("model"), &self.device).context("cannot read the checkpoint's model")?);
         Ok(())
     }
 
