@@ -198,3 +198,24 @@ fn batched_sampling_of_a_tiny_llama_matches_a_full_pass() {
 fn batched_sampling_of_a_tiny_qwen2_matches_a_full_pass() {
     sampling_matches_a_full_pass(Architecture::Qwen2);
 }
+
+#[test]
+fn a_model_too_big_for_this_machine_is_refused_before_its_weights_are_read() {
+    // Llama 3.1 405B's shape: about 1.6 TB as f32, more than any machine
+    // running these tests has free. The directory holds its config.json
+    // alone, so an error about the size (not about missing weights) shows
+    // the check ran first.
+    let dir = scratch("too-big");
+    let config = json!({
+        "model_type": "llama", "vocab_size": 128256, "hidden_size": 16384, "intermediate_size": 53248,
+        "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072, "tie_word_embeddings": false,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let err = match Pretrained::<B>::load(&dir, &Default::default()) {
+        Ok(_) => panic!("a 405B model loaded"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("405.") && err.contains("billion parameters"), "names the size: {err}");
+    assert!(err.contains("GiB of memory is free") && err.contains("pick a smaller model"), "says what to do: {err}");
+}
