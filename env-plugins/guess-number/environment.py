@@ -8,15 +8,18 @@ within the default budget; guessing at random rarely does.
 
 componentize-py looks for a module named after the exported interface
 (`environment`) holding a class per exported item: `Environment` for the
-interface's functions and `Env` for its resource.
+interface's functions, `Env` for its resource and `Batch` for the optional
+batched calls.
 """
 
 import random
 
-from componentize_py_types import Err
+from componentize_py_types import Err, Ok
 from wit_world import exports
 from wit_world.exports import environment
 from wit_world.imports.types import (
+    ActionSpace_Names,
+    Action_Id,
     ConfigKey,
     EnvError,
     EnvSpec,
@@ -28,7 +31,7 @@ from wit_world.imports.types import (
     StepResult,
 )
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 
 # name -> (default, description). Every key `create` accepts.
 CONFIG_KEYS = {
@@ -98,7 +101,7 @@ class Env(environment.Env):
                 LegendEntry(symbol="higher", meaning="the secret is larger than that guess"),
                 LegendEntry(symbol="lower", meaning="the secret is smaller than that guess"),
             ],
-            actions=[str(v) for v in range(self.low, self.high + 1)],
+            action_space=ActionSpace_Names([str(v) for v in range(self.low, self.high + 1)]),
             limits=Limits(max_actions_per_episode=n, max_actions_per_turn=1, max_turns=n, max_steps=n),
             metrics=["guesses", "candidates_left"],
         )
@@ -111,14 +114,14 @@ class Env(environment.Env):
         self.done = False
         return self.render()
 
-    def step(self, action: int) -> StepResult:
+    def step(self, action) -> StepResult:
         if self.secret is None:
             raise fail(ErrorKind.NOT_STARTED, "step before the first reset; call reset(seed) first")
         if self.done:
             raise fail(ErrorKind.EPISODE_OVER, "the episode is over; call reset(seed) to start a new one")
-        if not 0 <= action <= self.high - self.low:
-            raise fail(ErrorKind.BAD_ACTION, f"action {action} is out of range: the actions are 0..={self.high - self.low}")
-        guess = self.low + action
+        if not isinstance(action, Action_Id) or not 0 <= action.value <= self.high - self.low:
+            raise fail(ErrorKind.BAD_ACTION, f"action {action} is not an id in 0..={self.high - self.low}")
+        guess = self.low + action.value
         lo, hi = self.candidates()
         # A guess outside what the feedback still allows teaches nothing.
         effective = lo <= guess <= hi
@@ -163,3 +166,21 @@ class Env(environment.Env):
         if not self.done:
             lines.append(f"Guesses left: {self.max_guesses - len(self.history)}.")
         return "\n".join(lines)
+
+
+def attempt(call, arg):
+    """One item of a batch: the call's value, or the error it raised."""
+    try:
+        return Ok(call(arg))
+    except Err as e:
+        return e
+
+
+class Batch(exports.Batch):
+    """Many envs of this instance in one call; each item exactly as its single call."""
+
+    def reset_many(self, envs, seeds):
+        return [attempt(env.reset, seed) for env, seed in zip(envs, seeds)]
+
+    def step_many(self, envs, actions):
+        return [attempt(env.step, action) for env, action in zip(envs, actions)]

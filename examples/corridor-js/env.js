@@ -4,7 +4,10 @@
 // for step. jco wants an export named after the interface, `environment`,
 // with `info()` and the resource class `Env`. A u64 arrives as a BigInt; a
 // `result` is returned on success and thrown on failure (the thrown error's
-// `payload` is the env-error). Build: see examples/README.md.
+// `payload` is the env-error); a variant is `{ tag, val }`. The optional
+// `batch` export (many envs in one call) is built with the world
+// `env-plugin-batched`; drop it and use `env-plugin` to ship single calls
+// only. Build: see examples/README.md.
 
 function fail(kind, message) {
   const error = new Error(message);
@@ -35,7 +38,7 @@ class Env {
         { symbol: "_", meaning: "floor" },
         { symbol: "E", meaning: "exit" },
       ],
-      actions: ["Left", "Right"],
+      actionSpace: { tag: "names", val: ["Left", "Right"] },
       limits: { maxActionsPerEpisode: 20, maxActionsPerTurn: 5, maxTurns: 5, maxSteps: 20 },
       metrics: [],
     };
@@ -52,9 +55,10 @@ class Env {
     // The Rust kit checks these rules for every env; here we do.
     if (!this.started) throw fail("not-started", "step before reset; call reset(seed) first");
     if (this.done) throw fail("episode-over", "the episode is over; call reset(seed)");
-    if (action > 1) throw fail("bad-action", `action ${action} is out of range 0..=1`);
+    // An action is a variant: `{ tag: "id", val }` for a names space.
+    if (action.tag !== "id" || action.val > 1) throw fail("bad-action", `action ${JSON.stringify(action)} is not an id in 0..=1`);
     const before = this.player;
-    this.player = action === 0 ? Math.max(this.player - 1, 0) : Math.min(this.player + 1, this.length - 1);
+    this.player = action.val === 0 ? Math.max(this.player - 1, 0) : Math.min(this.player + 1, this.length - 1);
     this.steps += 1;
     const success = this.player === this.length - 1;
     this.done = success || this.steps >= 20;
@@ -84,4 +88,23 @@ export const environment = {
     };
   },
   Env,
+};
+
+// One item of a batch: the call's value, or the env-error it threw.
+function attempt(call) {
+  try {
+    return { tag: "ok", val: call() };
+  } catch (e) {
+    if (e.payload === undefined) throw e;
+    return { tag: "err", val: e.payload };
+  }
+}
+
+export const batch = {
+  resetMany(envs, seeds) {
+    return envs.map((env, i) => attempt(() => env.reset(seeds[i])));
+  },
+  stepMany(envs, actions) {
+    return envs.map((env, i) => attempt(() => env.step(actions[i])));
+  },
 };

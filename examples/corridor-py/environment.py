@@ -3,14 +3,18 @@
 The same game as examples/corridor (Rust) and examples/corridor-js, step for
 step. componentize-py wants a module named after the exported interface,
 `environment`, with a class `Environment` (the interface's functions) and a
-class `Env` (its resource). Build: see examples/README.md.
+class `Env` (its resource). It also exports the contract's optional `batch`
+interface (class `Batch`: many envs in one call), built with
+`-w env-plugin-batched`; drop that class and build with `-w env-plugin` to
+ship single calls only. Build: see examples/README.md.
 """
 
-from componentize_py_types import Err
+from componentize_py_types import Err, Ok
 from wit_world import exports
 from wit_world.exports import environment
 from wit_world.imports.types import (
-    ConfigKey, EnvError, EnvSpec, ErrorKind, LegendEntry, Limits, PluginInfo, StepInfo, StepResult,
+    ActionSpace_Names, Action_Id, ConfigKey, EnvError, EnvSpec, ErrorKind, LegendEntry, Limits, PluginInfo, StepInfo,
+    StepResult,
 )
 
 
@@ -44,7 +48,7 @@ class Env(environment.Env):
         return EnvSpec(
             instructions="You are in a corridor. Reach the exit E.",
             legend=[LegendEntry("P", "you"), LegendEntry("_", "floor"), LegendEntry("E", "exit")],
-            actions=["Left", "Right"],
+            action_space=ActionSpace_Names(["Left", "Right"]),
             limits=Limits(max_actions_per_episode=20, max_actions_per_turn=5, max_turns=5, max_steps=20),
             metrics=[],
         )
@@ -54,16 +58,17 @@ class Env(environment.Env):
         self.player, self.steps, self.started, self.done = seed % (self.length - 1), 0, True, False
         return self.render()
 
-    def step(self, action: int) -> StepResult:
+    def step(self, action) -> StepResult:
         # The Rust kit checks these rules for every env; here we do.
         if not self.started:
             raise Err(EnvError(kind=ErrorKind.NOT_STARTED, message="step before reset; call reset(seed) first"))
         if self.done:
             raise Err(EnvError(kind=ErrorKind.EPISODE_OVER, message="the episode is over; call reset(seed)"))
-        if action > 1:
-            raise Err(EnvError(kind=ErrorKind.BAD_ACTION, message=f"action {action} is out of range 0..=1"))
+        # An action is a variant: `Action_Id(n)` for a names space.
+        if not isinstance(action, Action_Id) or action.value > 1:
+            raise Err(EnvError(kind=ErrorKind.BAD_ACTION, message=f"action {action} is not an id in 0..=1"))
         before = self.player
-        self.player = max(self.player - 1, 0) if action == 0 else min(self.player + 1, self.length - 1)
+        self.player = max(self.player - 1, 0) if action.value == 0 else min(self.player + 1, self.length - 1)
         self.steps += 1
         success = self.player == self.length - 1
         self.done = success or self.steps >= 20
@@ -76,3 +81,21 @@ class Env(environment.Env):
 
     def render(self) -> str:
         return "".join("P" if i == self.player else "E" if i == self.length - 1 else "_" for i in range(self.length))
+
+
+def attempt(call, arg):
+    """One item of a batch: the call's value, or the error it raised."""
+    try:
+        return Ok(call(arg))
+    except Err as e:
+        return e
+
+
+class Batch(exports.Batch):
+    """Many envs of this instance in one call; each item exactly as its single call."""
+
+    def reset_many(self, envs, seeds):
+        return [attempt(env.reset, seed) for env, seed in zip(envs, seeds)]
+
+    def step_many(self, envs, actions):
+        return [attempt(env.step, action) for env, action in zip(envs, actions)]

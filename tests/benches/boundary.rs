@@ -50,7 +50,7 @@ fn measure<E: Environment>(file: &str, calls: usize) {
     let env = inst.create(&[]).unwrap().unwrap();
     let idle = inst.create(&[]).unwrap().unwrap();
     let mut native = CheckedEnv::<E>::create(&[]).unwrap();
-    let num_actions = native.spec().actions.len();
+    let num_actions = native.spec().action_space.as_names().len();
 
     let (mut nat, mut sandboxed, mut empty) = (vec![], vec![], vec![]);
     for _ in 0..ROUNDS {

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use ragen_agent::policies::RandomPolicy;
 use ragen_agent::{PromptBuilder, PromptTemplates, ResponseParser, RolloutConfig, RolloutRunner, Trajectory, summarize};
 use ragen_policy::{AnswerGrammar, PluginTokenizer};
-use ragen_runtime::{EnvSpec, LegendEntry, Limits, Plugin, ReportLimits, SandboxLimits};
+use ragen_runtime::{ActionSpace, EnvSpec, LegendEntry, Limits, Plugin, ReportLimits, SandboxLimits};
 use std::sync::{Arc, OnceLock};
 
 mod common;
@@ -75,7 +75,7 @@ fn spec() -> impl Strategy<Value = EnvSpec> {
         .prop_map(|(instructions, legend, actions, (a, b, c, d), metrics)| EnvSpec {
             instructions,
             legend: legend.into_iter().map(|(symbol, meaning)| LegendEntry { symbol, meaning }).collect(),
-            actions,
+            action_space: ActionSpace::Names(actions),
             limits: Limits { max_actions_per_episode: a, max_actions_per_turn: b, max_turns: c, max_steps: d },
             metrics,
         })
@@ -101,9 +101,9 @@ proptest! {
         let _ = prompts.system();
         let _ = prompts.first_user(&observation, limits.max_actions_per_traj);
         let _ = prompts.next_user(reward, 2, &observation, limits.max_actions_per_traj);
-        let parser = ResponseParser::new(&spec.actions, think, limits.max_actions_per_turn as usize);
+        let parser = ResponseParser::new(spec.action_names(), think, limits.max_actions_per_turn as usize);
         let parsed = parser.parse(&reply);
-        prop_assert!(parsed.actions.iter().all(|&a| (a as usize) < spec.actions.len()));
+        prop_assert!(parsed.actions.iter().all(|&a| (a as usize) < spec.action_names().len()));
         prop_assert!(parsed.actions.len() <= limits.max_actions_per_turn as usize);
         let tokenizer = PluginTokenizer::with_text(&spec, &templates.texts());
         let grammar = AnswerGrammar::new(&tokenizer, think, 16, limits.max_actions_per_turn);

@@ -21,6 +21,7 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
     let templates = PromptTemplates {
         system: String::new(),
         intro: "{actions}\n".into(),
+        intro_text: String::new(),
         legend: String::new(),
         turn: "{state}\n".into(),
         reward: "{reward}\n".into(),

@@ -25,9 +25,12 @@ const FORBIDDEN: [&str; 5] = ["wasi:clocks", "wasi:random", "wasi:filesystem", "
 
 #[test]
 fn shipped_plugins_are_components_that_speak_the_contract() {
-    for (file, name, multi_turn) in [("bandit", "bandit", false), ("sokoban", "sokoban", true), ("frozenlake", "frozenlake", true)] {
+    let shipped =
+        [("bandit", "bandit", false), ("sokoban", "sokoban", true), ("frozenlake", "frozenlake", true), ("countdown", "countdown", false)];
+    for (file, name, multi_turn) in shipped {
         let plugin = load(file);
-        assert_eq!(plugin.contract_version().to_string(), "0.1.0");
+        assert_eq!(plugin.contract_version().to_string(), "0.2.0");
+        assert!(plugin.has_batch(), "{file}: the SDK exports the batched calls");
         for import in plugin.imports() {
             assert!(!FORBIDDEN.iter().any(|f| import.starts_with(f)), "{file} imports {import}");
         }
@@ -38,7 +41,8 @@ fn shipped_plugins_are_components_that_speak_the_contract() {
         assert!(!info.config_keys.is_empty() && !info.description.is_empty());
         let env = inst.create(&[]).unwrap().unwrap();
         let spec = inst.spec(env).unwrap();
-        assert!(!spec.actions.is_empty() && !spec.instructions.is_empty());
+        assert!(!spec.instructions.is_empty());
+        assert_eq!(spec.action_names().is_empty(), spec.takes_text(), "{file}: names, or text");
     }
 }
 
@@ -49,9 +53,9 @@ fn same_as_native<E: Environment>(file: &str, settings: &[(&str, &str)], episode
     let mut inst = plugin.instantiate().unwrap();
     let env = inst.create(&pairs(settings)).unwrap().unwrap();
     let mut native = CheckedEnv::<E>::with(settings).unwrap();
-    let num_actions = native.spec().actions.len();
+    let num_actions = native.spec().action_space.as_names().len();
     let spec = inst.spec(env).unwrap();
-    assert_eq!(spec.actions, native.spec().actions);
+    assert_eq!(spec.action_names(), native.spec().action_space.as_names());
     assert_eq!(spec.metrics, native.spec().metrics);
     let mut actions = SeedRng::new(99);
     for seed in 0..episodes {

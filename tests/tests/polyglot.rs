@@ -30,7 +30,7 @@ fn the_rust_python_and_javascript_corridors_play_identically() {
         for length in ["2", "5", "9"] {
             let a = reference.create(&pairs(&[("length", length)])).unwrap().unwrap();
             let b = twin.create(&pairs(&[("length", length)])).unwrap().unwrap();
-            assert_eq!(reference.spec(a).unwrap().actions, twin.spec(b).unwrap().actions, "{name}");
+            assert_eq!(reference.spec(a).unwrap().action_space, twin.spec(b).unwrap().action_space, "{name}");
             // Before reset, both refuse to step with the same kind of error.
             assert_eq!(view(reference.step(a, 1).unwrap()), view(twin.step(b, 1).unwrap()), "{name}: step before reset");
             for seed in 0..12u64 {
@@ -89,7 +89,7 @@ fn bisection_always_wins_guess_number_and_random_guessing_does_not() {
     let mut inst = plugin.instantiate().unwrap();
     let env = inst.create(&[]).unwrap().unwrap();
     let spec = inst.spec(env).unwrap();
-    assert_eq!(spec.actions, (1..=16).map(|v| v.to_string()).collect::<Vec<_>>());
+    assert_eq!(spec.action_names(), (1..=16).map(|v| v.to_string()).collect::<Vec<_>>());
     assert_eq!((spec.limits.max_turns, spec.limits.max_actions_per_turn), (5, 1));
     let mut secrets = std::collections::BTreeSet::new();
     for seed in 0..200 {

@@ -4,11 +4,12 @@
 
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
 use ragen_env_sokoban::Sokoban;
-use ragen_runtime::{EnvPool, FailureKind, FaultKind, PoolConfig, SandboxLimits, next_seed};
+use ragen_runtime::{Action, ActionSpace, EnvPool, FailureKind, FaultKind, Plugin, PoolConfig, SandboxLimits, next_seed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{faulty, shipped};
+use common::{faulty, loaded_example, shipped};
 
 fn config(num_envs: usize, threads: usize, per_instance: usize) -> PoolConfig {
     PoolConfig { threads, envs_per_instance: per_instance, ..PoolConfig::new(num_envs) }
@@ -24,7 +25,7 @@ fn check_against_native<E: Environment>(pool: &EnvPool, natives: &mut [CheckedEn
     for i in 0..n {
         assert_eq!(first[i].as_ref().unwrap(), &natives[i].reset(seeds[i]).unwrap(), "env {i}");
     }
-    let num_actions = natives[0].spec().actions.len();
+    let num_actions = natives[0].spec().action_space.as_names().len();
     let mut rng = SeedRng::new(42);
     for round in 0..rounds {
         let actions: Vec<u32> = (0..n).map(|_| rng.below(num_actions) as u32).collect();
@@ -190,4 +191,93 @@ fn a_failed_episode_says_why_when_stepped_again() {
     let again = pool.step(&[3], &[0]).unwrap().remove(0).unwrap_err();
     assert!(again.message.contains("the episode failed earlier ("), "{again}");
     assert!(again.message.contains(&first[3].as_ref().unwrap_err().message), "the reason is kept: {again}");
+}
+
+/// Random actions for `space`: ids, or short texts that are sometimes a
+/// valid Countdown answer shape and sometimes not.
+fn random_actions(space: &ActionSpace, n: usize, rng: &mut SeedRng) -> Vec<Action> {
+    const TEXTS: [&str; 6] = ["1 + 2", "(3 * 4) - 5", "", "12 / 0", "x", "7 7 7"];
+    (0..n)
+        .map(|_| match space {
+            ActionSpace::Names(names) => Action::Id(rng.below(names.len()) as u32),
+            ActionSpace::Text(_) => Action::Text(TEXTS[rng.below(TEXTS.len())].to_string()),
+        })
+        .collect()
+}
+
+/// The same seeds and actions through a pool that uses the plugin's
+/// batched calls and one that makes one call per env: every reset, step
+/// and autoreset must come out identical.
+fn batched_equals_single(plugin: Arc<Plugin>, label: &str) {
+    assert!(plugin.has_batch(), "{label} should export the batched calls");
+    let n = 24;
+    let space = {
+        let mut inst = plugin.instantiate().unwrap();
+        let env = inst.create(&[]).unwrap().unwrap();
+        inst.spec(env).unwrap().action_space
+    };
+    // Three instances of 8 envs per thread, so batches span instances.
+    let layout = |batched| PoolConfig { batched, ..config(n, 2, 4) };
+    let (batched, single) = (EnvPool::new(plugin.clone(), &layout(true)).unwrap(), EnvPool::new(plugin, &layout(false)).unwrap());
+    let seeds: Vec<u64> = (100..100 + n as u64).collect();
+    assert_eq!(batched.reset_all(&seeds).unwrap(), single.reset_all(&seeds).unwrap(), "{label}: resets");
+    let mut rng = SeedRng::new(9);
+    for round in 0..40 {
+        let actions = random_actions(&space, n, &mut rng);
+        let (got, want) = (batched.step_all(&actions).unwrap(), single.step_all(&actions).unwrap());
+        assert_eq!(got, want, "{label}: round {round}");
+        // Now and then an explicit reset of some envs mid-episode.
+        if round % 7 == 3 {
+            let ids: Vec<usize> = (0..n).step_by(3).collect();
+            let seeds: Vec<u64> = ids.iter().map(|&i| 1000 + round * 31 + i as u64).collect();
+            assert_eq!(batched.reset(&ids, &seeds).unwrap(), single.reset(&ids, &seeds).unwrap(), "{label}: round {round} resets");
+        }
+    }
+}
+
+#[test]
+fn batched_calls_give_exactly_what_single_calls_give_for_every_shipped_plugin() {
+    for name in ["bandit", "sokoban", "frozenlake", "countdown", "guess-number", "2048"] {
+        batched_equals_single(shipped(name), name);
+    }
+    for name in ["corridor", "corridor-py", "corridor-js"] {
+        batched_equals_single(loaded_example(name), name);
+    }
+}
+
+#[test]
+fn a_plugin_without_batched_calls_runs_one_call_per_env() {
+    // Built with the plain `env-plugin` world: no `batch` export.
+    let plugin = faulty("corridor-js-with-http", SandboxLimits::default());
+    assert!(!plugin.has_batch());
+    let pool = EnvPool::new(plugin, &config(8, 2, 4)).unwrap();
+    assert!(pool.reset_all(&(0..8).collect::<Vec<u64>>()).unwrap().iter().all(Result::is_ok));
+    assert!(pool.step_all(&[1u32; 8]).unwrap().iter().all(Result::is_ok));
+}
+
+#[test]
+fn a_batch_that_runs_out_of_time_turns_batching_off_for_its_instance() {
+    // loop-in-step hangs on seeds 3 mod 4: with 16 envs in one instance the
+    // hang is inside a step-many, which gets one call's budget. The batch
+    // is retried one call at a time (only the hanging envs fail, as
+    // `an_endless_loop_times_out_and_only_its_env_fails` checks), and that
+    // instance makes single calls from then on.
+    let pool = EnvPool::new(faulty("loop-in-step", quick()), &config(16, 1, 16)).unwrap();
+    assert_eq!(pool.stats().unwrap().batched_instances, 1);
+    pool.reset_all(&(0..16).collect::<Vec<u64>>()).unwrap();
+    let out = pool.step_all(&[0u32; 16]).unwrap();
+    for (i, r) in out.iter().enumerate() {
+        assert_eq!(r.as_ref().err().map(|f| f.kind), (i % 4 == 3).then_some(FailureKind::Fault(FaultKind::Timeout)), "env {i}");
+    }
+    assert_eq!(pool.stats().unwrap().batched_instances, 0);
+}
+
+#[test]
+fn a_trap_inside_a_batch_keeps_batching_on() {
+    // A trap names no env either, but it is the env's bug, not slowness:
+    // the retry isolates it and the instance goes on batching.
+    let pool = EnvPool::new(faulty("trap-in-reset", quick()), &config(16, 1, 16)).unwrap();
+    let out = pool.reset_all(&(0..16).collect::<Vec<u64>>()).unwrap();
+    assert!(out.iter().enumerate().all(|(i, r)| r.is_err() == (i % 4 == 3)), "{out:?}");
+    assert_eq!(pool.stats().unwrap().batched_instances, 1);
 }

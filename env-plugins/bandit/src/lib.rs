@@ -7,7 +7,7 @@
 //! on every reset. `success` means the arm with the higher expected payoff
 //! was chosen.
 
-use ragen_env_sdk::{Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, SeedRng, StepInfo, StepOutcome};
+use ragen_env_sdk::{ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, SeedRng, StepInfo, StepOutcome};
 
 /// Which of the two configured arms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +63,8 @@ impl Bandit {
 }
 
 impl Environment for Bandit {
+    type Action = u32;
+
     fn info() -> PluginInfo {
         PluginInfo {
             name: "bandit".into(),
@@ -120,7 +122,7 @@ impl Environment for Bandit {
                  rewards on average? Choose between {a} and {b}, and answer like <answer> {a} </answer> or <answer> {b} </answer>."
             ),
             legend: vec![],
-            actions: vec![a.clone(), b.clone()],
+            action_space: ActionSpace::Names(vec![a.clone(), b.clone()]),
             limits: Limits { max_actions_per_episode: 1, max_actions_per_turn: 1, max_turns: 1, max_steps: 1 },
             metrics: vec![],
         }

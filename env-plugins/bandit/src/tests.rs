@@ -75,7 +75,7 @@ fn same_seed_same_episode() {
 fn arm_names_are_configuration() {
     let env = bandit(&[("lo_arm_name", "Trader"), ("hi_arm_name", "Librarian")]);
     let spec = env.spec();
-    assert_eq!(spec.actions, ["Trader", "Librarian"]);
+    assert_eq!(spec.action_space.as_names(), ["Trader", "Librarian"]);
     assert!(spec.instructions.contains("Trader") && spec.instructions.contains("Librarian"));
     assert_eq!(spec.limits.max_actions_per_episode, 1);
 }

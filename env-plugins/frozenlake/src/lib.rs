@@ -11,7 +11,9 @@ pub mod lake;
 pub mod values;
 
 use lake::{Dir, Lake, Tile};
-use ragen_env_sdk::{Config, ConfigKey, EnvError, EnvSpec, Environment, LegendEntry, Limits, PluginInfo, SeedRng, StepInfo, StepOutcome};
+use ragen_env_sdk::{
+    ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, LegendEntry, Limits, PluginInfo, SeedRng, StepInfo, StepOutcome,
+};
 use values::Slip;
 
 /// Map draws per reset before giving up (only reachable with tiny `p`).
@@ -73,6 +75,8 @@ impl FrozenLake {
 }
 
 impl Environment for FrozenLake {
+    type Action = u32;
+
     fn info() -> PluginInfo {
         PluginInfo {
             name: "frozenlake".into(),
@@ -133,7 +137,7 @@ impl Environment for FrozenLake {
                 LegendEntry::new('X', "player in hole"),
                 LegendEntry::new('√', "player on goal"),
             ],
-            actions: Dir::ALL.iter().map(|d| d.name().to_string()).collect(),
+            action_space: ActionSpace::Names(Dir::ALL.iter().map(|d| d.name().to_string()).collect()),
             limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: self.max_steps },
             metrics: vec!["slipped".into()],
         }

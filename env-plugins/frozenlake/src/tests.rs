@@ -188,7 +188,7 @@ fn bad_config_names_the_key() {
 #[test]
 fn actions_and_legend_match_the_reference() {
     let spec = env(&[]).spec();
-    assert_eq!(spec.actions, ["Left", "Down", "Right", "Up"]);
+    assert_eq!(spec.action_space.as_names(), ["Left", "Down", "Right", "Up"]);
     let symbols: String = spec.legend.iter().map(|l| l.symbol.as_str()).collect();
     assert_eq!(symbols, "P_OGX√");
 }

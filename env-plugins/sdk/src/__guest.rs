@@ -6,7 +6,7 @@ use crate::{CheckedEnv, Environment};
 use std::cell::RefCell;
 
 wit_bindgen::generate!({
-    world: "env-plugin",
+    world: "env-plugin-batched",
     path: "../../wit",
     pub_export_macro: true,
     export_macro_name: "__export_env_plugin",
@@ -77,7 +77,10 @@ impl<E: Environment> wit::GuestEnv for GuestEnv<E> {
         wt::EnvSpec {
             instructions: s.instructions,
             legend: s.legend.into_iter().map(|l| wt::LegendEntry { symbol: l.symbol, meaning: l.meaning }).collect(),
-            actions: s.actions,
+            action_space: match s.action_space {
+                t::ActionSpace::Names(names) => wt::ActionSpace::Names(names),
+                t::ActionSpace::Text { max_bytes, form } => wt::ActionSpace::Text(wt::TextActions { max_bytes, form }),
+            },
             limits: wt::Limits {
                 max_actions_per_episode: s.limits.max_actions_per_episode,
                 max_actions_per_turn: s.limits.max_actions_per_turn,
@@ -92,11 +95,31 @@ impl<E: Environment> wit::GuestEnv for GuestEnv<E> {
         self.0.borrow_mut().reset(seed).map_err(error)
     }
 
-    fn step(&self, action: u32) -> Result<wt::StepResult, wt::EnvError> {
-        self.0.borrow_mut().step(action).map(outcome).map_err(error)
+    fn step(&self, action: wt::Action) -> Result<wt::StepResult, wt::EnvError> {
+        self.0.borrow_mut().step(from_wire(action)).map(outcome).map_err(error)
     }
 
     fn render(&self) -> String {
         self.0.borrow().render()
     }
+}
+
+fn from_wire(action: wt::Action) -> t::Action {
+    match action {
+        wt::Action::Id(id) => t::Action::Id(id),
+        wt::Action::Text(text) => t::Action::Text(text),
+    }
+}
+
+/// The `batch` interface's `reset-many`: each item exactly as `reset`.
+pub fn reset_many<E: Environment>(envs: Vec<wit::EnvBorrow<'_>>, seeds: Vec<u64>) -> Vec<Result<String, wt::EnvError>> {
+    envs.iter().zip(seeds).map(|(env, seed)| env.get::<GuestEnv<E>>().0.borrow_mut().reset(seed).map_err(error)).collect()
+}
+
+/// The `batch` interface's `step-many`: each item exactly as `step`.
+pub fn step_many<E: Environment>(envs: Vec<wit::EnvBorrow<'_>>, actions: Vec<wt::Action>) -> Vec<Result<wt::StepResult, wt::EnvError>> {
+    envs.iter()
+        .zip(actions)
+        .map(|(env, action)| env.get::<GuestEnv<E>>().0.borrow_mut().step(from_wire(action)).map(outcome).map_err(error))
+        .collect()
 }

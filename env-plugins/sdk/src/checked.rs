@@ -1,6 +1,6 @@
 //! The contract's episode rules, enforced once for every Rust environment.
 
-use crate::{Config, EnvError, EnvSpec, Environment, ErrorKind, StepOutcome};
+use crate::{Action, ActionKind, ActionSpace, Config, EnvError, EnvSpec, Environment, ErrorKind, StepOutcome};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -13,14 +13,14 @@ enum Phase {
 
 /// An [`Environment`] behind the WIT contract's rules: configuration checked
 /// against the declared keys, `step` refused before `reset` and after `done`,
-/// action ids checked against the action list.
+/// actions checked against the action space.
 ///
 /// The component export uses this, and so should native callers (tests, the
 /// host's native baseline), so both see exactly what the host sees.
 #[derive(Debug)]
 pub struct CheckedEnv<E> {
     env: E,
-    num_actions: u32,
+    space: ActionSpace,
     phase: Phase,
 }
 
@@ -29,8 +29,18 @@ impl<E: Environment> CheckedEnv<E> {
     pub fn create(settings: &[(String, String)]) -> Result<Self, EnvError> {
         let config = Config::resolve(&E::info().config_keys, settings)?;
         let env = E::new(&config)?;
-        let num_actions = env.spec().actions.len() as u32;
-        Ok(Self { env, num_actions, phase: Phase::NotStarted })
+        let space = env.spec().action_space;
+        if !E::Action::serves(&space) {
+            return Err(EnvError::failed(format!(
+                "the env's spec declares {} but its `type Action` is `{}`; use `u32` for names and `String` for text",
+                match space {
+                    ActionSpace::Names(_) => "action names",
+                    ActionSpace::Text { .. } => "text actions",
+                },
+                std::any::type_name::<E::Action>()
+            )));
+        }
+        Ok(Self { env, space, phase: Phase::NotStarted })
     }
 
     /// Create from `(key, value)` string pairs; a convenience for tests.
@@ -51,7 +61,8 @@ impl<E: Environment> CheckedEnv<E> {
         Ok(obs)
     }
 
-    pub fn step(&mut self, action: u32) -> Result<StepOutcome, EnvError> {
+    /// Take one action: an id (`env.step(2)`) or text (`env.step("1+2")`).
+    pub fn step(&mut self, action: impl Into<Action>) -> Result<StepOutcome, EnvError> {
         match self.phase {
             Phase::NotStarted => {
                 return Err(EnvError::new(ErrorKind::NotStarted, "step called before reset; call reset(seed) first"));
@@ -64,12 +75,7 @@ impl<E: Environment> CheckedEnv<E> {
             }
             Phase::Running => {}
         }
-        if action >= self.num_actions {
-            return Err(EnvError::new(
-                ErrorKind::BadAction,
-                format!("action id {action} is out of range; this env has {} actions (ids 0..{})", self.num_actions, self.num_actions),
-            ));
-        }
+        let action = E::Action::accept(action.into(), &self.space)?;
         let outcome = self.env.step(action);
         if outcome.done {
             self.phase = Phase::Over;

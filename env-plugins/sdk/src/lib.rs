@@ -18,6 +18,9 @@
 //! }
 //!
 //! impl Environment for Coin {
+//!     // Actions are picked from names, by index.
+//!     type Action = u32;
+//!
 //!     fn info() -> PluginInfo {
 //!         PluginInfo {
 //!             name: "coin".into(),
@@ -34,7 +37,7 @@
 //!         EnvSpec {
 //!             instructions: "Guess how the coin landed.".into(),
 //!             legend: vec![],
-//!             actions: vec!["Heads".into(), "Tails".into()],
+//!             action_space: ActionSpace::names(&["Heads", "Tails"]),
 //!             limits: Limits { max_actions_per_episode: 1, max_actions_per_turn: 1, max_turns: 1, max_steps: 1 },
 //!             metrics: vec![],
 //!         }
@@ -73,6 +76,13 @@
 //! the plugin runs. Contract rules that every environment shares (unknown
 //! config keys, action ids out of range, `step` before `reset` or after the
 //! episode ended) are enforced once, in [`CheckedEnv`], not by each env.
+//!
+//! An env whose action is free text (Countdown's arithmetic expression)
+//! declares [`ActionSpace::Text`] and sets `type Action = String`.
+//!
+//! The export includes the contract's optional `batch` interface (many envs
+//! of one instance reset or stepped in one call), so every Rust plugin gets
+//! batched stepping for free.
 
 pub mod config;
 pub mod rng;
@@ -89,8 +99,12 @@ pub use types::*;
 ///
 /// The SDK calls these through [`CheckedEnv`], which guarantees that `step`
 /// is only called after `reset`, never after the episode has ended, and only
-/// with an action id that is in `spec().actions`.
+/// with an action inside `spec().action_space`.
 pub trait Environment: Sized + 'static {
+    /// What a step receives: `u32` (an index into [`ActionSpace::Names`]) or
+    /// `String` (the text of an [`ActionSpace::Text`] action).
+    type Action: ActionKind;
+
     /// Describe the plugin: name, version, description, config keys.
     fn info() -> PluginInfo;
 
@@ -105,8 +119,8 @@ pub trait Environment: Sized + 'static {
     /// Start an episode from `seed`; returns the first observation.
     fn reset(&mut self, seed: u64) -> Result<String, EnvError>;
 
-    /// Apply one valid action id to a running episode.
-    fn step(&mut self, action: u32) -> StepOutcome;
+    /// Apply one valid action to a running episode.
+    fn step(&mut self, action: Self::Action) -> StepOutcome;
 
     /// The current state as text.
     fn render(&self) -> String;
@@ -137,6 +151,25 @@ macro_rules! export_env {
 
             fn info() -> $crate::__guest::exports::ragen::env::environment::PluginInfo {
                 $crate::__guest::info::<$env>()
+            }
+        }
+
+        #[cfg(target_arch = "wasm32")]
+        impl $crate::__guest::exports::ragen::env::batch::Guest for __RagenEnvPlugin {
+            fn reset_many(
+                envs: ::std::vec::Vec<$crate::__guest::exports::ragen::env::environment::EnvBorrow<'_>>,
+                seeds: ::std::vec::Vec<u64>,
+            ) -> ::std::vec::Vec<::std::result::Result<::std::string::String, $crate::__guest::ragen::env::types::EnvError>> {
+                $crate::__guest::reset_many::<$env>(envs, seeds)
+            }
+
+            fn step_many(
+                envs: ::std::vec::Vec<$crate::__guest::exports::ragen::env::environment::EnvBorrow<'_>>,
+                actions: ::std::vec::Vec<$crate::__guest::ragen::env::types::Action>,
+            ) -> ::std::vec::Vec<
+                ::std::result::Result<$crate::__guest::ragen::env::types::StepResult, $crate::__guest::ragen::env::types::EnvError>,
+            > {
+                $crate::__guest::step_many::<$env>(envs, actions)
             }
         }
 

@@ -53,13 +53,120 @@ pub struct Limits {
     pub max_steps: u32,
 }
 
+/// How the agent acts on an env; mirrors the WIT `action-space`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActionSpace {
+    /// Pick one of these names; an action's id is its index here. The
+    /// env's [`Environment::Action`](crate::Environment::Action) is `u32`.
+    Names(Vec<String>),
+    /// Free text of at most `max_bytes` bytes (UTF-8), in the `form` the
+    /// prompt describes. The env's `Action` is `String`.
+    Text { max_bytes: u32, form: String },
+}
+
+impl ActionSpace {
+    /// A names space from string slices.
+    pub fn names(names: &[&str]) -> Self {
+        Self::Names(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    /// The names, or an empty slice for text.
+    pub fn as_names(&self) -> &[String] {
+        match self {
+            Self::Names(names) => names,
+            Self::Text { .. } => &[],
+        }
+    }
+}
+
+/// One action as the host sends it; mirrors the WIT `action`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// An index into [`ActionSpace::Names`].
+    Id(u32),
+    /// The text of an [`ActionSpace::Text`] action.
+    Text(String),
+}
+
+impl From<u32> for Action {
+    fn from(id: u32) -> Self {
+        Self::Id(id)
+    }
+}
+
+impl From<&str> for Action {
+    fn from(text: &str) -> Self {
+        Self::Text(text.to_string())
+    }
+}
+
+impl From<String> for Action {
+    fn from(text: String) -> Self {
+        Self::Text(text)
+    }
+}
+
+/// The Rust type an env's actions arrive as: `u32` for a names space,
+/// `String` for text. [`CheckedEnv`](crate::CheckedEnv) turns the host's
+/// [`Action`] into it after checking it against the declared space, so an
+/// env's `step` only ever sees a valid action.
+pub trait ActionKind: Sized {
+    /// Whether `space` is the kind of space this type serves.
+    fn serves(space: &ActionSpace) -> bool;
+
+    /// Check `action` against `space` and convert it; the error names the
+    /// problem (`bad-action`).
+    fn accept(action: Action, space: &ActionSpace) -> Result<Self, EnvError>;
+}
+
+impl ActionKind for u32 {
+    fn serves(space: &ActionSpace) -> bool {
+        matches!(space, ActionSpace::Names(_))
+    }
+
+    fn accept(action: Action, space: &ActionSpace) -> Result<Self, EnvError> {
+        let n = space.as_names().len();
+        match action {
+            Action::Id(id) if (id as usize) < n => Ok(id),
+            Action::Id(id) => {
+                Err(EnvError::new(ErrorKind::BadAction, format!("action id {id} is out of range; this env has {n} actions (ids 0..{n})")))
+            }
+            Action::Text(_) => {
+                Err(EnvError::new(ErrorKind::BadAction, format!("this env takes an action id (0..{n}), not text; send `action::id`")))
+            }
+        }
+    }
+}
+
+impl ActionKind for String {
+    fn serves(space: &ActionSpace) -> bool {
+        matches!(space, ActionSpace::Text { .. })
+    }
+
+    fn accept(action: Action, space: &ActionSpace) -> Result<Self, EnvError> {
+        let max = match space {
+            ActionSpace::Text { max_bytes, .. } => *max_bytes as usize,
+            ActionSpace::Names(_) => 0,
+        };
+        match action {
+            Action::Text(text) if text.len() <= max => Ok(text),
+            Action::Text(text) => {
+                Err(EnvError::new(ErrorKind::BadAction, format!("the action is {} bytes long; this env accepts at most {max}", text.len())))
+            }
+            Action::Id(id) => {
+                Err(EnvError::new(ErrorKind::BadAction, format!("this env takes a text action, not an id ({id}); send `action::text`")))
+            }
+        }
+    }
+}
+
 /// The agent-facing description of one configured env.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EnvSpec {
     pub instructions: String,
     pub legend: Vec<LegendEntry>,
-    /// Action names; an action's id is its index here.
-    pub actions: Vec<String>,
+    /// Names to pick from, or free text.
+    pub action_space: ActionSpace,
     pub limits: Limits,
     /// Names of the numbers each step reports in `StepInfo::metrics`.
     pub metrics: Vec<String>,

@@ -12,7 +12,7 @@ pub mod solver;
 pub mod symbols;
 
 use generate::MAX_BOXES;
-use ragen_env_sdk::{Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, StepInfo, StepOutcome};
+use ragen_env_sdk::{ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, StepInfo, StepOutcome};
 use room::{Dir, Room};
 use symbols::Symbols;
 
@@ -111,6 +111,8 @@ fn source(config: &Config, symbols: &Symbols) -> Result<Source, EnvError> {
 }
 
 impl Environment for Sokoban {
+    type Action = u32;
+
     fn info() -> PluginInfo {
         PluginInfo {
             name: "sokoban".into(),
@@ -145,7 +147,7 @@ impl Environment for Sokoban {
                 The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>"
                 .into(),
             legend: self.symbols.legend(),
-            actions: Dir::ALL.iter().map(|d| d.name().to_string()).collect(),
+            action_space: ActionSpace::Names(Dir::ALL.iter().map(|d| d.name().to_string()).collect()),
             limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: self.max_steps },
             metrics: vec!["boxes_on_target".into()],
         }

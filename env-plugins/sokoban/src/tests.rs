@@ -192,7 +192,7 @@ fn bad_config_names_the_key() {
 #[test]
 fn actions_and_limits_match_the_reference() {
     let spec = CheckedEnv::<Sokoban>::with(&[]).unwrap().spec();
-    assert_eq!(spec.actions, ["Up", "Down", "Left", "Right"]);
+    assert_eq!(spec.action_space.as_names(), ["Up", "Down", "Left", "Right"]);
     assert_eq!(spec.limits.max_actions_per_episode, 10);
     assert_eq!(spec.limits.max_steps, 100);
     assert_eq!(spec.metrics, ["boxes_on_target"]);

@@ -11,6 +11,8 @@ pub struct Corridor {
 }
 
 impl Environment for Corridor {
+    type Action = u32;
+
     fn info() -> PluginInfo {
         PluginInfo {
             name: "corridor".into(),
@@ -29,7 +31,7 @@ impl Environment for Corridor {
         EnvSpec {
             instructions: "You are in a corridor. Reach the exit E.".into(),
             legend: vec![LegendEntry::new('P', "you"), LegendEntry::new('_', "floor"), LegendEntry::new('E', "exit")],
-            actions: vec!["Left".into(), "Right".into()],
+            action_space: ActionSpace::names(&["Left", "Right"]),
             limits: Limits { max_actions_per_episode: 20, max_actions_per_turn: 5, max_turns: 5, max_steps: 20 },
             metrics: vec![],
         }

@@ -9,7 +9,13 @@
 //! as in the reference's code, without a penalty). The format penalty
 //! applies when no match was found, when any name was unknown, or when no
 //! valid action is left.
+//!
+//! For an env whose actions are text (`action-space.text`, e.g.
+//! Countdown), the whole answer, trimmed, is the one action of the turn:
+//! it is not split on `||`, and it is penalised, and not sent, when it is
+//! empty or longer than the env's `max-bytes`.
 
+use ragen_runtime::{ActionSpace, EnvSpec};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
@@ -20,8 +26,11 @@ pub struct Parsed {
     pub think: Option<String>,
     /// The raw answer text, if the reply had the expected shape.
     pub answer: Option<String>,
-    /// Valid action ids, in order.
+    /// Valid action ids, in order (names spaces).
     pub actions: Vec<u32>,
+    /// The text action (text spaces): the trimmed answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
     /// Parts of the answer (after the cut to `max_actions_per_turn`).
     pub proposed: usize,
     /// True when the format penalty applies.
@@ -35,6 +44,15 @@ pub struct ResponseParser {
     think: bool,
     actions_lower: Vec<String>,
     max_actions_per_turn: usize,
+    /// `Some(max-bytes)` when the answer itself is the action.
+    text_max_bytes: Option<usize>,
+}
+
+impl Parsed {
+    /// Actions the reply validly asked for.
+    pub fn valid(&self) -> usize {
+        self.actions.len() + self.text.is_some() as usize
+    }
 }
 
 impl ResponseParser {
@@ -46,19 +64,35 @@ impl ResponseParser {
             think: enable_think,
             actions_lower: actions.iter().map(|a| a.to_lowercase()).collect(),
             max_actions_per_turn,
+            text_max_bytes: None,
         }
+    }
+
+    /// The parser for `spec`'s action space: names or text.
+    pub fn for_spec(spec: &EnvSpec, enable_think: bool, max_actions_per_turn: usize) -> Self {
+        let mut parser = Self::new(spec.action_names(), enable_think, max_actions_per_turn);
+        if let ActionSpace::Text(t) = &spec.action_space {
+            parser.text_max_bytes = Some(t.max_bytes as usize);
+        }
+        parser
     }
 
     pub fn parse(&self, reply: &str) -> Parsed {
         let Some(m) = self.pattern.captures(reply) else {
-            return Parsed { think: None, answer: None, actions: vec![], proposed: 0, penalised: true };
+            return Parsed { think: None, answer: None, actions: vec![], text: None, proposed: 0, penalised: true };
         };
         let (think, answer) = if self.think { (Some(m[1].to_string()), m[2].to_string()) } else { (None, m[1].to_string()) };
+        if let Some(max) = self.text_max_bytes {
+            let trimmed = answer.trim();
+            let text = (!trimmed.is_empty() && trimmed.len() <= max).then(|| trimmed.to_string());
+            let penalised = text.is_none();
+            return Parsed { think, answer: Some(answer), actions: vec![], text, proposed: 1, penalised };
+        }
         let parts: Vec<&str> = answer.split("||").map(str::trim).filter(|p| !p.is_empty()).take(self.max_actions_per_turn).collect();
         let actions: Vec<u32> =
             parts.iter().filter_map(|p| self.actions_lower.iter().position(|a| *a == p.to_lowercase()).map(|i| i as u32)).collect();
         let (proposed, penalised) = (parts.len(), actions.is_empty() || actions.len() != parts.len());
-        Parsed { think, answer: Some(answer), actions, proposed, penalised }
+        Parsed { think, answer: Some(answer), actions, text: None, proposed, penalised }
     }
 }
 
@@ -130,6 +164,28 @@ mod tests {
         assert!(!p.penalised);
         // An unknown action past the cut is never seen.
         check("<think>t</think><answer>Up||Up||Up||Up||Up||Jump</answer>", &[0, 0, 0, 0, 0], false);
+    }
+
+    fn countdown() -> ResponseParser {
+        use ragen_runtime::TextActions;
+        let mut spec = crate::prompt::tests::spec();
+        spec.action_space = ActionSpace::Text(TextActions { max_bytes: 12, form: "an expression".into() });
+        ResponseParser::for_spec(&spec, true, 5)
+    }
+
+    #[test]
+    fn a_text_answer_is_one_action_not_split() {
+        let p = countdown().parse("<think>t</think><answer> (3 + 5) * 2 </answer>");
+        assert_eq!((p.text.as_deref(), p.actions.len(), p.valid(), p.penalised), (Some("(3 + 5) * 2"), 0, 1, false));
+        assert_eq!(countdown().parse("<think>t</think><answer>1 || 2</answer>").text.as_deref(), Some("1 || 2"));
+    }
+
+    #[test]
+    fn an_empty_or_overlong_text_answer_is_penalised_and_not_sent() {
+        for reply in ["<think>t</think><answer>  </answer>", "<think>t</think><answer>1+2+3+4+5+6+7</answer>", "no tags"] {
+            let p = countdown().parse(reply);
+            assert_eq!((p.text.as_deref(), p.valid(), p.penalised), (None, 0, true), "{reply:?}");
+        }
     }
 
     #[test]

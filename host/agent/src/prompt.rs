@@ -3,7 +3,7 @@
 //! Every string is a template (configuration, not code) with `{name}`
 //! placeholders; the defaults follow the reference's prompt.
 
-use ragen_runtime::EnvSpec;
+use ragen_runtime::{ActionSpace, EnvSpec};
 use serde::{Deserialize, Serialize};
 
 /// Who wrote a piece of the context.
@@ -17,6 +17,8 @@ pub enum Role {
 
 /// The prompt's templates. Placeholders:
 /// * `intro`: `{instructions}`, `{legend}`, `{actions}`, `{max_actions_per_turn}`
+/// * `intro_text` (envs whose action is text): `{instructions}`, `{legend}`,
+///   `{form}` (the env's description of an answer)
 /// * `legend`: `{entries}` (`symbol: meaning, ...`)
 /// * `turn`: `{turn}`, `{state}`, `{actions_left}`, `{format}`
 /// * `reward`: `{reward}`
@@ -25,6 +27,7 @@ pub enum Role {
 pub struct PromptTemplates {
     pub system: String,
     pub intro: String,
+    pub intro_text: String,
     pub legend: String,
     pub turn: String,
     pub reward: String,
@@ -40,6 +43,7 @@ impl Default for PromptTemplates {
             intro: "{instructions}\n{legend}Your available actions are:\n{actions}\n\
                     You can make up to {max_actions_per_turn} actions, separated by the action separator \" || \"\n"
                 .into(),
+            intro_text: "{instructions}\n{legend}Your answer is {form}.\n".into(),
             legend: "The meaning of each symbol in the state is:\n{entries}\n".into(),
             turn: "Turn {turn}:\nState:\n{state}\nYou have {actions_left} actions left. {format}".into(),
             reward: "Reward:\n{reward}\n".into(),
@@ -53,8 +57,8 @@ impl Default for PromptTemplates {
 
 impl PromptTemplates {
     /// Every template's text, for a tokenizer to learn the words from.
-    pub fn texts(&self) -> [&str; 7] {
-        [&self.system, &self.intro, &self.legend, &self.turn, &self.reward, &self.format_think, &self.format_answer]
+    pub fn texts(&self) -> [&str; 8] {
+        [&self.system, &self.intro, &self.intro_text, &self.legend, &self.turn, &self.reward, &self.format_think, &self.format_answer]
     }
 }
 
@@ -87,15 +91,20 @@ impl PromptBuilder {
             let entries: Vec<String> = spec.legend.iter().map(|l| format!("{}: {}", l.symbol, l.meaning)).collect();
             fill(&templates.legend, &[("entries", &entries.join(", "))])
         };
-        let intro = fill(
-            &templates.intro,
-            &[
-                ("instructions", &spec.instructions),
-                ("legend", &legend),
-                ("actions", &spec.actions.join(", ")),
-                ("max_actions_per_turn", &max_actions_per_turn.to_string()),
-            ],
-        );
+        let intro = match &spec.action_space {
+            ActionSpace::Names(names) => fill(
+                &templates.intro,
+                &[
+                    ("instructions", &spec.instructions),
+                    ("legend", &legend),
+                    ("actions", &names.join(", ")),
+                    ("max_actions_per_turn", &max_actions_per_turn.to_string()),
+                ],
+            ),
+            ActionSpace::Text(text) => {
+                fill(&templates.intro_text, &[("instructions", &spec.instructions), ("legend", &legend), ("form", &text.form)])
+            }
+        };
         Self { templates, intro, enable_think, task_in_system: false }
     }
 
@@ -148,18 +157,18 @@ fn format_reward(r: f64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use ragen_runtime::{LegendEntry, Limits};
+    use ragen_runtime::{LegendEntry, Limits, TextActions};
 
-    fn spec() -> EnvSpec {
+    pub(crate) fn spec() -> EnvSpec {
         EnvSpec {
             instructions: "Push the boxes.".into(),
             legend: vec![
                 LegendEntry { symbol: "#".into(), meaning: "wall".into() },
                 LegendEntry { symbol: "P".into(), meaning: "player".into() },
             ],
-            actions: vec!["Up".into(), "Down".into()],
+            action_space: ActionSpace::Names(vec!["Up".into(), "Down".into()]),
             limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: 100 },
             metrics: vec![],
         }
@@ -174,6 +183,15 @@ mod tests {
         assert!(m.contains("You can make up to 5 actions, separated by the action separator \" || \""), "{m}");
         assert!(m.contains("Turn 1:\nState:\n#P#\nYou have 10 actions left. Always output: <think>"), "{m}");
         assert_eq!(p.prefill(), "<think>");
+    }
+
+    #[test]
+    fn a_text_env_describes_its_answer_instead_of_listing_actions() {
+        let mut spec = spec();
+        spec.action_space = ActionSpace::Text(TextActions { max_bytes: 64, form: "an expression, e.g. 1 + 2".into() });
+        let m = PromptBuilder::new(PromptTemplates::default(), &spec, true, 1).first_user("Target: 3", 1);
+        assert!(m.contains("Your answer is an expression, e.g. 1 + 2.\n"), "{m}");
+        assert!(!m.contains("available actions") && !m.contains("||"), "{m}");
     }
 
     #[test]

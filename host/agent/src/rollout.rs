@@ -7,7 +7,7 @@ use crate::policy::{Context, Message, Policy, Response};
 use crate::prompt::{PromptBuilder, PromptTemplates, Role};
 use crate::trajectory::{Segment, Trajectory, Turn, visible};
 use anyhow::{Result, bail};
-use ragen_runtime::{EnvPool, EnvSpec, Plugin, PluginInfo, PoolConfig};
+use ragen_runtime::{Action, EnvPool, EnvSpec, Plugin, PluginInfo, PoolConfig};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -122,7 +122,7 @@ impl RolloutRunner {
         let pool = EnvPool::new(plugin, &pool_config)?;
         let prompts = PromptBuilder::new(templates, &spec, config.enable_think, limits.max_actions_per_turn)
             .with_task_in_system(config.max_context_window.is_some());
-        let parser = ResponseParser::new(&spec.actions, config.enable_think, limits.max_actions_per_turn as usize);
+        let parser = ResponseParser::for_spec(&spec, config.enable_think, limits.max_actions_per_turn as usize);
         Ok(Self { pool, info, spec, config, limits, prompts, parser })
     }
 
@@ -233,7 +233,7 @@ impl RolloutRunner {
                     .collect(),
                 prefill: self.prompts.prefill(),
                 observation: &live[i].observation,
-                actions: &self.spec.actions,
+                actions: self.spec.action_names(),
                 max_actions: lim.max_actions_per_turn.min(lim.max_actions_per_traj - live[i].used),
             })
             .collect();
@@ -246,14 +246,15 @@ impl RolloutRunner {
 
     /// Record each reply in its conversation and parse it into the actions
     /// to run (cut to the trajectory's remaining budget) and a new turn.
-    fn plan(&self, live: &mut [Live], active: &[usize], responses: Vec<Response>) -> (Vec<Vec<u32>>, Vec<Turn>) {
+    fn plan(&self, live: &mut [Live], active: &[usize], responses: Vec<Response>) -> (Vec<Vec<Action>>, Vec<Turn>) {
         let mut plans = Vec::with_capacity(active.len());
         let mut turns: Vec<Turn> = Vec::with_capacity(active.len());
         for (&i, response) in active.iter().zip(responses) {
             let full = format!("{}{}", self.prompts.prefill(), response.text);
             let parsed = self.parser.parse(&full);
             let budget = (self.limits.max_actions_per_traj - live[i].used) as usize;
-            plans.push(parsed.actions.iter().copied().take(budget).collect::<Vec<u32>>());
+            let asked = parsed.actions.iter().map(|&id| Action::Id(id)).chain(parsed.text.clone().map(Action::Text));
+            plans.push(asked.take(budget).collect::<Vec<Action>>());
             let penalty = if parsed.penalised { self.config.format_penalty } else { 0.0 };
             turns.push(Turn { parsed, executed: vec![], effective: 0, reward: 0.0, penalty, done: false });
             live[i].segments.push(Segment {
@@ -269,7 +270,7 @@ impl RolloutRunner {
 
     /// Run the plans: the k-th actions of all envs in one pool call, k = 0,
     /// 1, …; each env's turn stops at its first `done` or failure.
-    fn execute(&self, live: &mut [Live], active: &[usize], plans: &[Vec<u32>], turns: &mut [Turn]) -> Result<()> {
+    fn execute(&self, live: &mut [Live], active: &[usize], plans: &[Vec<Action>], turns: &mut [Turn]) -> Result<()> {
         for step in 0..self.limits.max_actions_per_turn as usize {
             let batch: Vec<usize> =
                 (0..active.len()).filter(|&k| plans[k].len() > step && !turns[k].done && live[active[k]].failure.is_none()).collect();
@@ -277,7 +278,7 @@ impl RolloutRunner {
                 break;
             }
             let env_ids: Vec<usize> = batch.iter().map(|&k| active[k]).collect();
-            let actions: Vec<u32> = batch.iter().map(|&k| plans[k][step]).collect();
+            let actions: Vec<Action> = batch.iter().map(|&k| plans[k][step].clone()).collect();
             for (j, result) in self.pool.step(&env_ids, &actions)?.into_iter().enumerate() {
                 let (k, i) = (batch[j], env_ids[j]);
                 match result {
@@ -285,7 +286,10 @@ impl RolloutRunner {
                         let t = &mut turns[k];
                         t.reward += s.reward;
                         t.effective += s.info.action_is_effective as usize;
-                        t.executed.push(self.spec.actions[actions[j] as usize].clone());
+                        t.executed.push(match &actions[j] {
+                            Action::Id(id) => self.spec.action_names()[*id as usize].clone(),
+                            Action::Text(text) => text.clone(),
+                        });
                         t.done = s.done;
                         live[i].used += 1;
                         live[i].observation = s.observation;
@@ -327,7 +331,7 @@ impl Live {
         let env_reward: f64 = self.turns.iter().map(|t| t.reward).sum();
         let penalty: f64 = self.turns.iter().map(|t| t.penalty).sum();
         let proposed: usize = self.turns.iter().map(|t| t.parsed.proposed).sum();
-        let valid: usize = self.turns.iter().map(|t| t.parsed.actions.len()).sum();
+        let valid: usize = self.turns.iter().map(|t| t.parsed.valid()).sum();
         let executed: usize = self.turns.iter().map(|t| t.executed.len()).sum();
         let effective: usize = self.turns.iter().map(|t| t.effective).sum();
         Trajectory {

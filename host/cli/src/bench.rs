@@ -2,7 +2,7 @@
 //! compiled natively, measured in the same run, plus memory per env.
 
 use crate::shipped::Twin;
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
 use ragen_runtime::{EnvPool, Plugin, PoolConfig};
 use serde::Serialize;
@@ -15,6 +15,8 @@ pub struct Options {
     pub threads: usize,
     pub seconds: f64,
     pub envs_per_instance: usize,
+    /// Use the plugin's batched calls when it has them.
+    pub batched: bool,
     pub settings: Vec<(String, String)>,
 }
 
@@ -34,6 +36,9 @@ pub struct Report {
     pub threads: usize,
     pub instances: usize,
     pub envs_per_instance: usize,
+    /// Whether the pool crossed the sandbox once per instance per call
+    /// (the plugin's batched calls) rather than once per env.
+    pub batched: bool,
     pub sandboxed: Rates,
     /// The same env compiled natively (for the plugins ragen-rs ships).
     pub native: Option<Rates>,
@@ -107,6 +112,7 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
         threads: opts.threads,
         instances: pool.stats.instances,
         envs_per_instance: opts.envs_per_instance,
+        batched: opts.batched && plugin.has_batch(),
         sandboxed: pool.rates,
         native,
         ratio,
@@ -151,7 +157,13 @@ fn probe_instances(plugin: &Plugin, opts: &Options, name: &str) -> Result<Instan
     let resident_bytes_per_instance = resident_bytes().saturating_sub(before) as f64 / probes as f64;
     let linear_memory_bytes_per_instance = held.iter().map(|(i, _)| i.memory_bytes() as f64).sum::<f64>() / probes as f64;
     let (inst, env) = &mut held[0];
-    let num_actions = inst.spec(*env)?.actions.len();
+    let spec = inst.spec(*env)?;
+    if spec.takes_text() {
+        bail!(
+            "bench steps envs with random action ids, and this env's action is free text; time it with `ragen-host validate` (its speed line), or eval a policy on it"
+        );
+    }
+    let num_actions = spec.action_names().len();
     let twin = Twin::find(name, inst, *env, &opts.settings)?;
     Ok(InstanceProbe {
         instantiate_ms: instantiating.as_secs_f64() * 1e3 / probes as f64,
@@ -177,6 +189,7 @@ fn pool_rates(plugin: &Arc<Plugin>, opts: &Options, num_actions: usize, budget: 
         threads: opts.threads,
         envs_per_instance: opts.envs_per_instance,
         settings: opts.settings.clone(),
+        batched: opts.batched,
         ..PoolConfig::new(opts.envs)
     };
     let pool = EnvPool::new(plugin.clone(), &config)?;
@@ -254,6 +267,8 @@ impl Report {
             "bench {} ({}): {} envs, {} threads, {} instances of up to {} envs\n",
             self.plugin, self.name, self.envs, self.threads, self.instances, self.envs_per_instance
         );
+        let calls = if self.batched { "batched calls" } else { "one call per env" };
+        s.insert_str(s.len() - 1, &format!(", {calls}"));
         let line = |what: &str, r: &Rates| format!("  {what:<10} {:>12.0} resets/s {:>12.0} steps/s\n", r.resets_per_sec, r.steps_per_sec);
         s += &line("sandboxed", &self.sandboxed);
         match (&self.native, &self.ratio) {
@@ -328,7 +343,7 @@ pub fn policy<B: burn::tensor::backend::AutodiffBackend>(
             messages: vec![Message { role: Role::System, text: &system }, Message { role: Role::User, text: &user }],
             prefill: prompts.prefill(),
             observation: &observation,
-            actions: &spec.actions,
+            actions: spec.action_names(),
             max_actions: limits.max_actions_per_turn,
         };
         rows.push(policy.prompt_tokens(&context));
@@ -371,7 +386,7 @@ pub fn llm<B: burn::tensor::backend::AutodiffBackend>(
             messages: vec![Message { role: Role::System, text: &system }, Message { role: Role::User, text: &user }],
             prefill: prompts.prefill(),
             observation: &observation,
-            actions: &spec.actions,
+            actions: spec.action_names(),
             max_actions: limits.max_actions_per_turn,
         };
         rows.push(policy.prompt_tokens(&context)?);

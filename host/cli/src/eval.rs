@@ -3,7 +3,7 @@
 //! optimal policy's ceiling.
 
 use crate::shipped::Twin;
-use crate::solver::SokobanSolverPolicy;
+use crate::solver::{CountdownSolverPolicy, SokobanSolverPolicy};
 use anyhow::{Context, Result, bail};
 use ragen_agent::policies::RandomPolicy;
 use ragen_agent::{AgentConfig, LoopLimits, Policy, RolloutConfig, RolloutRunner, Trajectory, summarize, write_jsonl};
@@ -99,11 +99,16 @@ fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<(Box<dyn Policy
             let (policy, _, read) = ragen_learner::load_trained::<B>(run, runner.spec(), Default::default(), opts.seed)?;
             (policy, Some(read.to_string()))
         }
+        (None, "random") if runner.spec().takes_text() => bail!("--policy random: {}", ragen_agent::policies::RANDOM_NEEDS_NAMES),
         (None, "random") => (Box::new(RandomPolicy::new(opts.seed)), None),
+        // A non-Countdown state fails the first reply, naming the state.
+        (None, "countdown-solver") => (Box::new(CountdownSolverPolicy), None),
         (None, "sokoban-solver") => {
             (Box::new(SokobanSolverPolicy::new(runner.spec()).context("--policy sokoban-solver needs a Sokoban plugin")?), None)
         }
-        (None, other) => bail!("unknown policy `{other}`; use `random` or `sokoban-solver`, --checkpoint DIR or --model PATH"),
+        (None, other) => {
+            bail!("unknown policy `{other}`; use `random`, `sokoban-solver` or `countdown-solver`, --checkpoint DIR or --model PATH")
+        }
     })
 }
 

@@ -2,7 +2,7 @@
 //! JSON, read through the sandbox exactly as training would read it.
 
 use anyhow::{Context, Result, anyhow};
-use ragen_runtime::{CONTRACT_PACKAGE, CompileCache, Plugin};
+use ragen_runtime::{ActionSpace, CONTRACT_PACKAGE, CompileCache, Plugin};
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::Path;
@@ -16,8 +16,10 @@ pub struct Report {
     /// Where its compiled code came from: `compiled` (and kept in the cache
     /// when one is on), `cache`, or `compiled, cache off`.
     pub compiled: &'static str,
-    /// The contract the plugin was built against, e.g. `ragen:env@0.1.0`.
+    /// The contract the plugin was built against, e.g. `ragen:env@0.2.0`.
     pub contract: String,
+    /// Whether it exports the contract's batched calls (`batch`).
+    pub batched: bool,
     pub name: String,
     pub version: String,
     pub description: String,
@@ -43,10 +45,21 @@ pub struct EnvSpec {
     pub settings: Vec<(String, String)>,
     pub instructions: String,
     pub legend: Vec<Legend>,
+    /// The action names (empty when actions are text).
     pub actions: Vec<String>,
+    /// Set when the action is free text instead of a name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_action: Option<TextAction>,
     pub limits: Limits,
     /// Names of the numbers each step reports beside the reward.
     pub metrics: Vec<String>,
+}
+
+#[derive(Serialize)]
+pub struct TextAction {
+    pub max_bytes: u32,
+    /// What an answer looks like, for the prompt.
+    pub form: String,
 }
 
 #[derive(Serialize)]
@@ -85,6 +98,7 @@ pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
         load_seconds,
         compiled,
         contract: format!("{CONTRACT_PACKAGE}@{}", plugin.contract_version()),
+        batched: plugin.has_batch(),
         name: info.name,
         version: info.version,
         description: info.description,
@@ -95,10 +109,14 @@ pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
             .map(|k| ConfigKey { name: k.name, default: k.default_value, description: k.description })
             .collect(),
         env: EnvSpec {
+            actions: spec.action_names().to_vec(),
+            text_action: match &spec.action_space {
+                ActionSpace::Text(t) => Some(TextAction { max_bytes: t.max_bytes, form: t.form.clone() }),
+                ActionSpace::Names(_) => None,
+            },
             settings: settings.to_vec(),
             instructions: spec.instructions,
             legend: spec.legend.into_iter().map(|l| Legend { symbol: l.symbol, meaning: l.meaning }).collect(),
-            actions: spec.actions,
             limits: Limits {
                 max_actions_per_episode: spec.limits.max_actions_per_episode,
                 max_actions_per_turn: spec.limits.max_actions_per_turn,
@@ -119,10 +137,18 @@ impl Report {
         let _ = writeln!(s, "{} {}: {}", self.name, self.version, self.description);
         let _ = writeln!(s, "  file          {} ({} bytes)", self.file, self.size_bytes);
         let _ = writeln!(s, "  loaded        in {:.2} s ({})", self.load_seconds, self.compiled);
-        let _ = writeln!(s, "  contract      {}", self.contract);
+        let batched = if self.batched { "batched calls" } else { "single calls only" };
+        let _ = writeln!(s, "  contract      {} ({batched})", self.contract);
         let _ = writeln!(s, "  turns         {}", if self.multi_turn { "multi-turn" } else { "single-turn" });
-        let actions: Vec<String> = self.env.actions.iter().enumerate().map(|(i, a)| format!("{i}={a}")).collect();
-        let _ = writeln!(s, "  actions       {}", actions.join(", "));
+        match &self.env.text_action {
+            Some(t) => {
+                let _ = writeln!(s, "  actions       text of up to {} bytes: {}", t.max_bytes, t.form);
+            }
+            None => {
+                let actions: Vec<String> = self.env.actions.iter().enumerate().map(|(i, a)| format!("{i}={a}")).collect();
+                let _ = writeln!(s, "  actions       {}", actions.join(", "));
+            }
+        }
         if !self.env.legend.is_empty() {
             let legend: Vec<String> = self.env.legend.iter().map(|e| format!("{} {}", e.symbol, e.meaning)).collect();
             let _ = writeln!(s, "  legend        {}", legend.join(", "));

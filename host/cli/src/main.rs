@@ -139,6 +139,10 @@ enum Command {
         /// Envs sharing one plugin instance.
         #[arg(long, default_value_t = 64)]
         envs_per_instance: usize,
+        /// One call per env even when the plugin exports the contract's
+        /// batched calls (to measure what batching buys).
+        #[arg(long)]
+        single_calls: bool,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -262,8 +266,10 @@ struct EvalArgs {
     /// The environment plugin.
     #[arg(long)]
     env: PathBuf,
-    /// `random` (uniform well-formed answers) or `sokoban-solver`
-    /// (replays BFS solutions); ignored with --checkpoint.
+    /// `random` (uniform well-formed answers; envs with action names
+    /// only), `sokoban-solver` (replays BFS solutions) or
+    /// `countdown-solver` (an expression found by exact search); ignored
+    /// with --checkpoint.
     #[arg(long, default_value = "random")]
     policy: String,
     /// Evaluate the policy trained in this run directory (at its
@@ -423,11 +429,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 backend::with_backend!(backend, B, device => bench::policy::<B>(&file, config.as_deref(), batch, seconds, device)?);
             print_report(&report, json, ragen_policy::PolicyBenchReport::to_text)?;
         }
-        Command::Bench { file, envs, threads, seconds, envs_per_instance, json, settings, .. } => {
+        Command::Bench { file, envs, threads, seconds, envs_per_instance, single_calls, json, settings, .. } => {
             if envs == 0 || !seconds.is_finite() || seconds <= 0.0 {
                 bail!("--envs and --seconds must be positive (and --seconds finite)");
             }
-            let opts = bench::Options { envs, threads: default_threads(threads), seconds, envs_per_instance, settings: settings.parse()? };
+            let threads = default_threads(threads);
+            let batched = !single_calls;
+            let opts = bench::Options { envs, threads, seconds, envs_per_instance, batched, settings: settings.parse()? };
             let report = bench::bench(&file, &opts)?;
             print_report(&report, json, bench::Report::to_text)?;
             if report.failures > 0 {

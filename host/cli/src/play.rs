@@ -1,13 +1,26 @@
 //! `ragen-host play`: a person plays a plugin in the terminal, typing action
-//! names as the agent would (`Up || Left`).
+//! names as the agent would (`Up || Left`), or, for an env whose action is
+//! text (Countdown), the answer itself.
 
 use anyhow::{Context, Result, anyhow};
-use ragen_runtime::{EnvHandle, EnvSpec, Plugin, PluginInstance};
+use ragen_runtime::{Action, ActionSpace, EnvHandle, EnvSpec, Plugin, PluginInstance};
 use std::io::{BufRead, Write};
 use std::path::Path;
 
-const HELP: &str = "Type action names (case-insensitive), several separated by `||` (e.g. `up || left`).\n\
-    Commands: `reset` (next seed), `reset N` (seed N), `help`, `quit`.";
+const COMMANDS: &str = "Commands: `reset` (next seed), `reset N` (seed N), `help`, `quit`.";
+
+/// What to type, for this env's action space.
+fn help(spec: &EnvSpec) -> String {
+    match &spec.action_space {
+        ActionSpace::Names(names) => format!(
+            "Actions: {}\nType action names (case-insensitive), several separated by `||` (e.g. `up || left`).\n{COMMANDS}",
+            names.join(", ")
+        ),
+        ActionSpace::Text(t) => {
+            format!("Type your answer, {} (at most {} bytes); the whole line is one action.\n{COMMANDS}", t.form, t.max_bytes)
+        }
+    }
+}
 
 pub fn play(file: &Path, seed: u64, settings: &[(String, String)], input: &mut dyn BufRead, out: &mut dyn Write) -> Result<()> {
     let plugin = Plugin::from_file(file)?;
@@ -20,7 +33,7 @@ pub fn play(file: &Path, seed: u64, settings: &[(String, String)], input: &mut d
         let legend: Vec<String> = spec.legend.iter().map(|l| format!("{} {}", l.symbol, l.meaning)).collect();
         writeln!(out, "Symbols: {}", legend.join(", "))?;
     }
-    writeln!(out, "Actions: {}\n{HELP}", spec.actions.join(", "))?;
+    writeln!(out, "{}", help(&spec))?;
     let mut game = Game { inst, env, spec, seed, total: 0.0 };
     game.start(out)?;
     let mut line = String::new();
@@ -65,7 +78,7 @@ impl Game {
         match words.next() {
             None => {}
             Some("quit" | "q" | "exit") => return Ok(false),
-            Some("help" | "?") => writeln!(out, "Actions: {}\n{HELP}", self.spec.actions.join(", "))?,
+            Some("help" | "?") => writeln!(out, "{}", help(&self.spec))?,
             Some("reset") => {
                 let next = words.next();
                 match next.map(|n| (n, n.parse::<u64>())) {
@@ -90,14 +103,19 @@ impl Game {
     fn act(&mut self, command: &str, out: &mut dyn Write) -> Result<()> {
         let spec = &self.spec;
         let mut actions = Vec::new();
-        for word in command.split("||").map(str::trim).filter(|w| !w.is_empty()) {
-            match spec.actions.iter().position(|a| a.eq_ignore_ascii_case(word)) {
-                Some(id) => actions.push(id as u32),
-                None => writeln!(out, "unknown action `{word}` (skipped); actions are: {}", spec.actions.join(", "))?,
+        match &spec.action_space {
+            ActionSpace::Text(_) => actions.push((Action::Text(command.to_string()), command.to_string())),
+            ActionSpace::Names(names) => {
+                for word in command.split("||").map(str::trim).filter(|w| !w.is_empty()) {
+                    match names.iter().position(|a| a.eq_ignore_ascii_case(word)) {
+                        Some(id) => actions.push((Action::Id(id as u32), names[id].clone())),
+                        None => writeln!(out, "unknown action `{word}` (skipped); actions are: {}", names.join(", "))?,
+                    }
+                }
             }
         }
-        for id in actions {
-            let r = match self.inst.step(self.env, id)? {
+        for (action, name) in actions {
+            let r = match self.inst.step(self.env, action)? {
                 Err(e) => {
                     writeln!(out, "{}", e.message)?;
                     break;
@@ -110,13 +128,7 @@ impl Game {
             writeln!(
                 out,
                 "{}: reward {} (return {total:.2}), done {}, success {}, valid {}, effective {}{metrics}\n{}",
-                spec.actions[id as usize],
-                r.reward,
-                r.done,
-                r.info.success,
-                r.info.action_is_valid,
-                r.info.action_is_effective,
-                r.observation
+                name, r.reward, r.done, r.info.success, r.info.action_is_valid, r.info.action_is_effective, r.observation
             )?;
             if r.done {
                 let how = if r.info.success { "solved" } else { "not solved" };

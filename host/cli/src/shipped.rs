@@ -1,7 +1,7 @@
 //! The environments this build also carries compiled natively (Bandit,
-//! Sokoban, FrozenLake), and the extras that knowing an env's rules buys:
-//! `bench`'s native baseline, `eval`'s optimal-policy bound and the
-//! Sokoban solver policy.
+//! Sokoban, FrozenLake, Countdown), and the extras that knowing an env's
+//! rules buys: `bench`'s native baseline, `eval`'s optimal-policy bound and
+//! the solver policies.
 //!
 //! The host's libraries (runtime, agent, learner, policy) know no env by
 //! name; this module is the only place that does, and it never trusts a
@@ -13,6 +13,7 @@
 
 use anyhow::{Result, anyhow};
 use ragen_agent::LoopLimits;
+use ragen_env_countdown::Countdown;
 use ragen_env_frozenlake::FrozenLake;
 use ragen_env_sdk::{CheckedEnv, EnvError, Environment};
 use ragen_env_sokoban::Sokoban;
@@ -27,6 +28,7 @@ pub enum Twin {
     Bandit,
     Sokoban,
     FrozenLake,
+    Countdown,
 }
 
 fn err(e: EnvError) -> anyhow::Error {
@@ -42,12 +44,14 @@ impl Twin {
             "bandit" => Twin::Bandit,
             "sokoban" => Twin::Sokoban,
             "frozenlake" => Twin::FrozenLake,
+            "countdown" => Twin::Countdown,
             _ => return Ok(None),
         };
         let same = match twin {
             Twin::Bandit => same_as::<ragen_env_bandit::Bandit>(inst, env, settings)?,
             Twin::Sokoban => same_as::<Sokoban>(inst, env, settings)?,
             Twin::FrozenLake => same_as::<FrozenLake>(inst, env, settings)?,
+            Twin::Countdown => same_as::<Countdown>(inst, env, settings)?,
         };
         Ok(same.then_some(twin))
     }
@@ -82,6 +86,17 @@ impl Twin {
                     })
                     .collect::<Result<_>>()?
             }
+            Twin::Countdown => {
+                let env = CheckedEnv::<Countdown>::create(settings).map_err(err)?;
+                seeds
+                    .iter()
+                    .map(|&s| {
+                        let p = env.inner().puzzle(s);
+                        let solvable = budget >= 1 && ragen_env_countdown::solver::solve(&p.numbers, p.target).is_some();
+                        Ok(solvable as u8 as f64)
+                    })
+                    .collect::<Result<_>>()?
+            }
         };
         Ok(per_seed.iter().sum::<f64>() / per_seed.len().max(1) as f64)
     }
@@ -98,6 +113,7 @@ impl Twin {
             Twin::Bandit => native::<ragen_env_bandit::Bandit>(opts, num_actions, budget),
             Twin::Sokoban => native::<Sokoban>(opts, num_actions, budget),
             Twin::FrozenLake => native::<FrozenLake>(opts, num_actions, budget),
+            Twin::Countdown => Err(anyhow!("bench has no text-action workload; Countdown is timed by `validate`")),
         }
     }
 }
@@ -106,7 +122,7 @@ impl Twin {
 /// starts the probe seeds in the plugin's states.
 fn same_as<E: Environment>(inst: &mut PluginInstance, env: EnvHandle, settings: &[(String, String)]) -> Result<bool> {
     let Ok(mut native) = CheckedEnv::<E>::create(settings) else { return Ok(false) };
-    if native.spec().actions != inst.spec(env)?.actions {
+    if native.spec().action_space.as_names() != inst.spec(env)?.action_names() {
         return Ok(false);
     }
     for seed in 0..PROBE_SEEDS {

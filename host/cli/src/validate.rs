@@ -3,7 +3,7 @@
 //! not hide the others; each failure says what to fix.
 
 use ragen_env_sdk::SeedRng;
-use ragen_runtime::{ErrorKind, Fault, FaultKind, Plugin, PluginInstance, SandboxLimits, StepResult};
+use ragen_runtime::{Action, ActionSpace, ErrorKind, Fault, FaultKind, Plugin, PluginInstance, SandboxLimits, StepResult};
 use std::collections::HashSet;
 use std::fmt::Write;
 use std::path::Path;
@@ -56,6 +56,15 @@ impl Report {
     }
 }
 
+/// An action as a report shows it: an id, or text cut to 20 characters.
+fn short(action: &Action) -> String {
+    match action {
+        Action::Id(id) => format!("id {id}"),
+        Action::Text(t) if t.chars().count() > 20 => format!("text of {} bytes", t.len()),
+        Action::Text(t) => format!("text {t:?}"),
+    }
+}
+
 /// What to do about a fault, for the plugin author.
 fn fix_for(fault: &Fault) -> &'static str {
     match fault.kind {
@@ -96,12 +105,50 @@ struct Validator<'a> {
     opts: &'a Options,
     /// When [`Options::budget`] runs out.
     deadline: Instant,
-    num_actions: u32,
+    /// The env's action space, as its spec declares it.
+    space: ActionSpace,
     num_metrics: usize,
     max_steps: u32,
 }
 
+/// Characters random text actions are drawn from: what an expression or an
+/// answer is made of, plus the answer format's reserved marks and
+/// multi-byte characters, which a text env must take without trapping.
+const TEXT_ALPHABET: &[char] =
+    &['0', '1', '2', '3', '7', '9', '+', '-', '*', '/', '(', ')', ' ', '.', '=', 'x', 'A', '<', '|', '\n', 'é', '√'];
+
 impl Validator<'_> {
+    /// A pseudo-random action: an id, or text of up to 24 bytes.
+    fn random_action(&self, rng: &mut SeedRng) -> Action {
+        match &self.space {
+            ActionSpace::Names(names) => Action::Id(rng.below(names.len()) as u32),
+            ActionSpace::Text(t) => {
+                let mut text = String::new();
+                let len = rng.below(25);
+                while text.len() < len {
+                    let c = TEXT_ALPHABET[rng.below(TEXT_ALPHABET.len())];
+                    if text.len() + c.len_utf8() > t.max_bytes as usize {
+                        break;
+                    }
+                    text.push(c);
+                }
+                Action::Text(text)
+            }
+        }
+    }
+
+    /// Actions outside the space, each of which must be a bad-action error.
+    fn bad_actions(&self) -> Vec<Action> {
+        match &self.space {
+            ActionSpace::Names(names) => vec![Action::Id(names.len() as u32), Action::Id(u32::MAX), Action::Text("0".into())],
+            ActionSpace::Text(t) => vec![Action::Text("1".repeat(t.max_bytes as usize + 1)), Action::Id(0)],
+        }
+    }
+
+    /// A valid action, for the rules checks.
+    fn any_action(&self) -> Action {
+        self.random_action(&mut SeedRng::new(0))
+    }
     /// `Err` once the run's budget is spent: every loop that calls the
     /// plugin asks before each call.
     fn in_budget(&self) -> Result<(), String> {
@@ -155,9 +202,9 @@ impl Validator<'_> {
         let (mut records, mut numbers) = (Vec::new(), Vec::new());
         for t in 0..self.max_steps.min(200) {
             self.in_budget()?;
-            let a = actions.below(self.num_actions as usize) as u32;
+            let a = self.random_action(&mut actions);
             let r = inst
-                .step(env, a)
+                .step(env, a.clone())
                 .map_err(|f| faulted(&format!("step {t} of seed {seed}"), &f))?
                 .map_err(|e| format!("step {t} of seed {seed} (action {a}) failed: {}", e.message))?;
             numbers.push(r.reward);
@@ -199,11 +246,18 @@ impl Validator<'_> {
         if spec.instructions.trim().is_empty() {
             problems.push("spec.instructions is empty: the agent would not know the task".into());
         }
-        if spec.actions.is_empty() {
-            problems.push("spec.actions is empty".into());
+        if let ActionSpace::Names(names) = &spec.action_space
+            && names.is_empty()
+        {
+            problems.push("spec.action-space lists no names".into());
+        }
+        if let ActionSpace::Text(t) = &spec.action_space
+            && t.form.trim().is_empty()
+        {
+            problems.push("spec.action-space.text has an empty form: the prompt would not say what to answer".into());
         }
         let mut names = HashSet::new();
-        for a in &spec.actions {
+        for a in spec.action_names() {
             if a.trim().is_empty() || a.contains("||") || a.contains('<') {
                 problems.push(format!("action name `{a}` is empty or contains `||` or `<`, which the answer format reserves"));
             }
@@ -224,7 +278,8 @@ impl Validator<'_> {
         }
         // Text a person's terminal will show: no control characters.
         let texts = [("the name", &info.name), ("the description", &info.description), ("the instructions", &spec.instructions)];
-        let listed = spec.actions.iter().map(|a| ("an action name", a)).chain(spec.legend.iter().map(|l| ("a legend symbol", &l.symbol)));
+        let listed =
+            spec.action_names().iter().map(|a| ("an action name", a)).chain(spec.legend.iter().map(|l| ("a legend symbol", &l.symbol)));
         for (what, text) in texts.into_iter().chain(listed) {
             if text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
                 problems
@@ -238,11 +293,14 @@ impl Validator<'_> {
         if !problems.is_empty() {
             return Err(format!("{} (fix the plugin's info/spec)", problems.join("; ")));
         }
+        let actions = match &spec.action_space {
+            ActionSpace::Names(names) => format!("{} actions", names.len()),
+            ActionSpace::Text(t) => format!("text actions of up to {} bytes", t.max_bytes),
+        };
         Ok(format!(
-            "{} {}, {} actions, {} legend entries, {} config keys",
+            "{} {}, {actions}, {} legend entries, {} config keys",
             info.name,
             info.version,
-            spec.actions.len(),
             spec.legend.len(),
             info.config_keys.len()
         ))
@@ -366,32 +424,37 @@ impl Validator<'_> {
 
     fn bad_action(&self) -> Result<String, String> {
         let (mut inst, env) = self.env()?;
-        inst.reset(env, 0).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset(0) failed: {}", e.message))?;
-        for action in [self.num_actions, u32::MAX] {
-            match inst.step(env, action).map_err(|f| faulted(&format!("step with action id {action}"), &f))? {
+        let bad = self.bad_actions();
+        let shown: Vec<String> = bad.iter().map(short).collect();
+        for (action, shown) in bad.into_iter().zip(&shown) {
+            // Each try on a fresh episode: an env that wrongly accepts one
+            // must not make the next look like a step after the end.
+            inst.reset(env, 0).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset(0) failed: {}", e.message))?;
+            match inst.step(env, action).map_err(|f| faulted(&format!("step with action {shown}"), &f))? {
                 Err(e) if e.kind == ErrorKind::BadAction => {}
-                Err(e) => return Err(format!("action id {action} gave a {:?} error; it should be bad-action", e.kind)),
-                Ok(_) => return Err(format!("action id {action} (out of range) was accepted (fix: return a bad-action error)")),
+                Err(e) => return Err(format!("action {shown} gave a {:?} error; it should be bad-action", e.kind)),
+                Ok(_) => return Err(format!("action {shown} (outside the action space) was accepted (fix: return a bad-action error)")),
             }
         }
-        Ok(format!("ids {} and {} rejected with bad-action", self.num_actions, u32::MAX))
+        Ok(format!("{} rejected with bad-action", shown.join(", ")))
     }
 
     fn episode_rules(&self) -> Result<String, String> {
         let (mut inst, env) = self.env()?;
-        match inst.step(env, 0).map_err(|f| faulted("step before reset", &f))? {
+        match inst.step(env, self.any_action()).map_err(|f| faulted("step before reset", &f))? {
             Err(e) if e.kind == ErrorKind::NotStarted => {}
             other => return Err(format!("step before reset gave {other:?}; it should be a not-started error")),
         }
         // Play until done, then step once more.
         for seed in 0..self.opts.seeds {
             inst.reset(env, seed).map_err(|f| faulted("reset", &f))?.map_err(|e| format!("reset failed: {}", e.message))?;
+            let mut rng = SeedRng::new(seed);
             for t in 0..self.max_steps.saturating_add(1) {
                 self.in_budget()?;
-                let r = inst.step(env, t % self.num_actions).map_err(|f| faulted("step", &f))?;
+                let r = inst.step(env, self.random_action(&mut rng)).map_err(|f| faulted("step", &f))?;
                 match r {
                     Ok(r) if r.done => {
-                        return match inst.step(env, 0).map_err(|f| faulted("step after done", &f))? {
+                        return match inst.step(env, self.any_action()).map_err(|f| faulted("step after done", &f))? {
                             Err(e) if e.kind == ErrorKind::EpisodeOver => {
                                 inst.reset(env, seed)
                                     .map_err(|f| faulted("reset after done", &f))?
@@ -407,6 +470,65 @@ impl Validator<'_> {
             }
         }
         Err(format!("no episode ended within max_steps ({}) steps (fix: end episodes at max_steps)", self.max_steps))
+    }
+
+    /// The batched calls, when exported, against single calls: 4 envs in
+    /// two instances play the same seeds and actions for 30 rounds, one
+    /// instance call by call, the other through `reset-many`/`step-many`
+    /// (an env whose episode ended is reset in the next round's batch).
+    fn batch(&self) -> Result<String, String> {
+        if !self.plugin.has_batch() {
+            return Ok("not exported; the host makes one call per env (export `batch` to cross the sandbox once per batch)".into());
+        }
+        const ENVS: usize = 4;
+        let (mut single, mut batched) = (self.fresh()?, self.fresh()?);
+        let create = |inst: &mut PluginInstance| -> Result<Vec<ragen_runtime::EnvHandle>, String> {
+            (0..ENVS)
+                .map(|_| {
+                    inst.create(&self.opts.settings)
+                        .map_err(|f| faulted("create", &f))?
+                        .map_err(|e| format!("create failed: {}", e.message))
+                })
+                .collect()
+        };
+        let (a, b) = (create(&mut single)?, create(&mut batched)?);
+        let mut rng = SeedRng::new(0xba7c);
+        let mut seeds: Vec<u64> = (0..ENVS as u64).collect();
+        let mut to_reset = vec![true; ENVS];
+        let mut compared = 0;
+        for round in 0..30 {
+            self.in_budget()?;
+            let ids: Vec<usize> = (0..ENVS).filter(|&i| to_reset[i]).collect();
+            if !ids.is_empty() {
+                let want: Vec<_> =
+                    ids.iter().map(|&i| single.reset(a[i], seeds[i]).map_err(|f| faulted("reset", &f))).collect::<Result<_, _>>()?;
+                let handles: Vec<_> = ids.iter().map(|&i| b[i]).collect();
+                let picked: Vec<u64> = ids.iter().map(|&i| seeds[i]).collect();
+                let got = batched.reset_many(&handles, &picked).expect("has_batch").map_err(|f| faulted("reset-many", &f))?;
+                if got != want {
+                    return Err(format!(
+                        "round {round}: reset-many gave {got:?}, single resets gave {want:?} (fix: make each item exactly its single call)"
+                    ));
+                }
+                for &i in &ids {
+                    (to_reset[i], seeds[i]) = (false, seeds[i] + ENVS as u64);
+                }
+            }
+            let actions: Vec<Action> = (0..ENVS).map(|_| self.random_action(&mut rng)).collect();
+            let want: Vec<_> =
+                (0..ENVS).map(|i| single.step(a[i], actions[i].clone()).map_err(|f| faulted("step", &f))).collect::<Result<_, _>>()?;
+            let got = batched.step_many(&b, &actions).expect("has_batch").map_err(|f| faulted("step-many", &f))?;
+            if got != want {
+                return Err(format!(
+                    "round {round}: step-many gave {got:?}, single steps gave {want:?} (fix: make each item exactly its single call)"
+                ));
+            }
+            for (i, r) in want.iter().enumerate() {
+                to_reset[i] = r.as_ref().map_or(true, |r| r.done);
+            }
+            compared += ENVS;
+        }
+        Ok(format!("reset-many and step-many match single calls ({compared} steps over {ENVS} envs)"))
     }
 
     /// Resets/s, then steps/s with the resets between episodes timed too:
@@ -430,7 +552,8 @@ impl Validator<'_> {
         while started.elapsed() < budget || steps == 0 {
             self.in_budget()?;
             let t = Instant::now();
-            let r = inst.step(env, rng.below(self.num_actions as usize) as u32).map_err(|f| faulted("timing steps", &f))?;
+            let action = self.random_action(&mut rng);
+            let r = inst.step(env, action).map_err(|f| faulted("timing steps", &f))?;
             step_time += t.elapsed();
             steps += 1;
             if r.map(|r| r.done).unwrap_or(true) {
@@ -465,17 +588,18 @@ pub fn validate(file: &Path, opts: &Options, progress: &mut dyn FnMut(&str)) -> 
     // The budget covers the checks, not compiling the component (seconds
     // for a language runtime, reported by `load`'s line and by bench).
     let deadline = Instant::now() + opts.budget;
-    let mut v = Validator { plugin: &plugin, opts, deadline, num_actions: 0, num_metrics: 0, max_steps: 0 };
+    let space = ActionSpace::Names(vec![]);
+    let mut v = Validator { plugin: &plugin, opts, deadline, space, num_metrics: 0, max_steps: 0 };
     progress("metadata");
     let meta = v.fresh().and_then(|mut inst| {
         let r = v.metadata(&mut inst)?;
         let env = inst.create(&opts.settings).map_err(|f| faulted("create", &f))?.map_err(|e| e.message)?;
         let spec = inst.spec(env).map_err(|f| faulted("spec", &f))?;
-        Ok((r, spec.actions.len() as u32, spec.metrics.len(), spec.limits.max_steps))
+        Ok((r, spec.action_space, spec.metrics.len(), spec.limits.max_steps))
     });
     match meta {
-        Ok((detail, n, metrics, max_steps)) if n > 0 => {
-            (v.num_actions, v.num_metrics, v.max_steps) = (n, metrics, max_steps.max(1));
+        Ok((detail, space, metrics, max_steps)) if space != ActionSpace::Names(vec![]) => {
+            (v.space, v.num_metrics, v.max_steps) = (space, metrics, max_steps.max(1));
             checks.push(Check { name: "metadata", result: Ok(detail) });
         }
         Ok((detail, ..)) | Err(detail) => {
@@ -484,13 +608,14 @@ pub fn validate(file: &Path, opts: &Options, progress: &mut dyn FnMut(&str)) -> 
         }
     }
     type Run<'v> = fn(&Validator<'v>) -> Result<String, String>;
-    let runs: [(&'static str, Run); 7] = [
+    let runs: [(&'static str, Run); 8] = [
         ("determinism", Validator::determinism),
         ("seeds differ", Validator::seeds_differ),
         ("finite", Validator::finite),
         ("bad config", Validator::bad_config),
         ("bad action", Validator::bad_action),
         ("episode rules", Validator::episode_rules),
+        ("batch", Validator::batch),
         ("speed", Validator::speed),
     ];
     for (name, run) in runs {

@@ -13,7 +13,8 @@ fn inspect_json_describes_the_plugin() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
     assert_eq!(v["name"], "sokoban");
     assert_eq!(v["version"], "0.1.0");
-    assert_eq!(v["contract"], "ragen:env@0.1.0");
+    assert_eq!(v["contract"], "ragen:env@0.2.0");
+    assert_eq!(v["batched"], true);
     assert_eq!(v["env"]["actions"], serde_json::json!(["Up", "Down", "Left", "Right"]));
     assert_eq!(v["env"]["legend"][0]["symbol"], "#");
     let keys: Vec<&str> = v["config_keys"].as_array().unwrap().iter().map(|k| k["name"].as_str().unwrap()).collect();
@@ -75,4 +76,17 @@ fn the_second_load_comes_from_the_compile_cache() {
     assert_eq!(compiled(&[], &[]), "cache");
     assert_eq!(compiled(&["--no-cache"], &[]), "compiled, cache off");
     assert_eq!(compiled(&[], &[("RAGEN_NO_CACHE", std::path::Path::new("1"))]), "compiled, cache off");
+}
+
+#[test]
+fn inspect_describes_a_text_action_space() {
+    let out = ragen_host(&["inspect", plugin("countdown").to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["env"]["actions"], serde_json::json!([]));
+    assert_eq!(v["env"]["text_action"]["max_bytes"], 256);
+    assert!(v["env"]["text_action"]["form"].as_str().unwrap().contains("expression"));
+    let out = ragen_host(&["inspect", plugin("countdown").to_str().unwrap()]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("actions       text of up to 256 bytes: one arithmetic expression"), "{shown}");
 }

@@ -8,13 +8,32 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn the_shipped_plugins_pass() {
-    for name in ["bandit", "sokoban", "frozenlake"] {
+    for name in ["bandit", "sokoban", "frozenlake", "countdown"] {
         let out = ragen_host(&["validate", plugin(name).to_str().unwrap()]);
         let report = text(&out);
         assert!(out.status.success(), "{name}:\n{report}");
-        assert!(report.contains("PASS: all 9 checks passed"), "{report}");
+        assert!(report.contains("PASS: all 10 checks passed"), "{report}");
         assert!(report.contains("resets/s") && report.contains("steps/s"), "{report}");
+        assert!(report.contains("reset-many and step-many match single calls"), "{report}");
     }
+}
+
+#[test]
+fn a_text_env_is_validated_with_text_actions() {
+    let out = ragen_host(&["validate", plugin("countdown").to_str().unwrap()]);
+    let report = text(&out);
+    assert!(report.contains("text actions of up to 256 bytes"), "{report}");
+    // Text over max-bytes, and an id, must both be bad actions.
+    assert!(report.contains("text of 257 bytes, id 0 rejected with bad-action"), "{report}");
+}
+
+#[test]
+fn a_plugin_built_against_contract_0_1_is_refused_with_the_rebuild_steps() {
+    // The Rust corridor example as `make plugins` built it before 0.2
+    // (tests/fixtures/contract-0.1/README.md).
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/contract-0.1/corridor.wasm");
+    let report = fails_with(&file, "built against ragen:env@0.1.0, but this host speaks ragen:env@0.2.0");
+    assert!(report.contains("rebuild the plugin") && report.contains("type Action = u32") && report.contains("action_space"), "{report}");
 }
 
 /// Validate a broken plugin with tight limits; it must fail with `expect`
@@ -69,7 +88,7 @@ fn another_major_version_of_the_contract_is_refused() {
     let mut bytes = std::fs::read(plugin("sokoban")).unwrap();
     let mut patched = 0;
     for (from, to) in
-        [(&b"ragen:env/environment@0.1.0"[..], &b"ragen:env/environment@1.0.0"[..]), (b"ragen:env/types@0.1.0", b"ragen:env/types@1.0.0")]
+        [(&b"ragen:env/environment@0.2.0"[..], &b"ragen:env/environment@1.0.0"[..]), (b"ragen:env/types@0.2.0", b"ragen:env/types@1.0.0")]
     {
         let mut i = 0;
         while let Some(pos) = bytes[i..].windows(from.len()).position(|w| w == from) {
@@ -81,6 +100,6 @@ fn another_major_version_of_the_contract_is_refused() {
     assert!(patched >= 2, "expected to rewrite the contract names");
     let file = scratch("validate").join("sokoban-v1.wasm");
     std::fs::write(&file, bytes).unwrap();
-    let report = fails_with(&file, "built against ragen:env@1.0.0, but this host speaks ragen:env@0.1.0");
+    let report = fails_with(&file, "built against ragen:env@1.0.0, but this host speaks ragen:env@0.2.0");
     assert!(report.contains("rebuild the plugin"), "{report}");
 }

@@ -16,7 +16,7 @@ use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::{Policy, Tokenizer};
 use ragen_llm::{Llm, LlmConfig, LlmPolicy, LlmSampling, Pretrained};
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModel, PolicyModelConfig, PolicyNetwork, SamplingConfig};
-use ragen_runtime::EnvSpec;
+use ragen_runtime::{ActionSpace, EnvSpec};
 use std::path::{Path, PathBuf};
 
 /// How a run turns its network into a policy, and what the learner needs
@@ -49,6 +49,14 @@ impl Scratch {
     /// The tokenizer, grammar, model and learner `config` describes for an
     /// env (freshly initialised from the backend's seeded generator).
     pub fn build<B: AutodiffBackend>(config: &TrainConfig, spec: &EnvSpec, device: B::Device) -> Result<(Self, Learner<B>)> {
+        if let ActionSpace::Text(text) = &spec.action_space {
+            anyhow::bail!(
+                "this env's action is free text ({}), and a model trained from scratch can only pick action names; \
+                 train a pretrained model instead: --model target/models/SmolLM2-135M-Instruct.Q4_1.gguf (`make model`) \
+                 or `model_path = \"...\"` in the config",
+                text.form
+            );
+        }
         let resolved = config.resolve()?;
         let tokenizer = PluginTokenizer::with_text(spec, &config.agent.prompt.texts());
         let limits = config.agent.rollout.limits(spec);

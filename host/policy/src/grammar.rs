@@ -197,7 +197,7 @@ mod tests {
         let tok = PluginTokenizer::new(&spec);
         for (think, prefill) in [(true, "<think>"), (false, "<answer>")] {
             let g = AnswerGrammar::new(&tok, think, 12, 5);
-            let parser = ResponseParser::new(&spec.actions, think, 5);
+            let parser = ResponseParser::new(spec.action_names(), think, 5);
             let mut rng = SeedRng::new(9);
             for _ in 0..500 {
                 let reply = random_reply(&g, &mut rng);

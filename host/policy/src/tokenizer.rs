@@ -62,7 +62,7 @@ impl PluginTokenizer {
         for tag in [THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE, SEPARATOR] {
             add(tag);
         }
-        let actions: Vec<u32> = spec.actions.iter().map(|a| add(a)).collect();
+        let actions: Vec<u32> = spec.action_names().iter().map(|a| add(a)).collect();
         for entry in &spec.legend {
             // Single bytes are already tokens; a multi-byte symbol (`√`)
             // gets its own.
@@ -185,13 +185,13 @@ impl Tokenizer for PluginTokenizer {
 pub(crate) mod tests {
     use super::*;
     use ragen_env_sdk::SeedRng;
-    use ragen_runtime::{LegendEntry, Limits};
+    use ragen_runtime::{ActionSpace, LegendEntry, Limits};
 
     pub(crate) fn sokoban_spec() -> EnvSpec {
         EnvSpec {
             instructions: "Push.".into(),
             legend: "#_OX√PS".chars().map(|c| LegendEntry { symbol: c.to_string(), meaning: "m".into() }).collect(),
-            actions: ["Up", "Down", "Left", "Right"].iter().map(|s| s.to_string()).collect(),
+            action_space: ActionSpace::Names(["Up", "Down", "Left", "Right"].iter().map(|s| s.to_string()).collect()),
             limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: 100 },
             metrics: vec![],
         }
@@ -239,7 +239,7 @@ pub(crate) mod tests {
     #[test]
     fn a_different_plugin_gets_its_own_action_tokens() {
         let mut spec = sokoban_spec();
-        spec.actions = vec!["Phoenix".into(), "Dragon".into()];
+        spec.action_space = ActionSpace::Names(vec!["Phoenix".into(), "Dragon".into()]);
         spec.legend.clear();
         let t = PluginTokenizer::new(&spec);
         assert_eq!(t.encode("Dragon").len(), 1);

@@ -7,7 +7,7 @@ use ragen_env_sdk::SeedRng;
 use ragen_policy::{
     AnswerGrammar, PluginTokenizer, PolicyModel, PolicyModelConfig, masked_logprobs, sample, sample_batch, sample_batch_with,
 };
-use ragen_runtime::{EnvSpec, LegendEntry, Limits};
+use ragen_runtime::{ActionSpace, EnvSpec, LegendEntry, Limits};
 
 type B = Flex;
 
@@ -15,7 +15,7 @@ fn spec() -> EnvSpec {
     EnvSpec {
         instructions: "Push.".into(),
         legend: "#_OX√PS".chars().map(|c| LegendEntry { symbol: c.to_string(), meaning: "m".into() }).collect(),
-        actions: ["Up", "Down", "Left", "Right"].iter().map(|s| s.to_string()).collect(),
+        action_space: ActionSpace::Names(["Up", "Down", "Left", "Right"].iter().map(|s| s.to_string()).collect()),
         limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: 100 },
         metrics: vec![],
     }
@@ -62,7 +62,7 @@ fn kv_cache_sampling_gives_the_log_probs_of_a_full_forward_pass() {
     let prompt = tok.encode("<|user|>\nTurn 1:\nState:\n#P_X_O#\n<|assistant|>\n<think>");
     for (m, (think, temperature)) in both_models(&tok).iter().flat_map(|m| [(true, 1.0f32), (true, 0.5), (false, 1.0)].map(|c| (m, c))) {
         let grammar = AnswerGrammar::new(&tok, think, 16, 5);
-        let parser = ResponseParser::new(&s.actions, think, 5);
+        let parser = ResponseParser::new(s.action_names(), think, 5);
         for seed in 0..4 {
             let out = sample(m, &prompt, &grammar, temperature, grammar.max_reply_tokens(), &mut SeedRng::new(seed), &device);
             assert!(out.complete, "the budget always fits a complete reply");

@@ -6,9 +6,11 @@ use anyhow::{Result, bail};
 /// The WIT package plugins implement.
 pub const CONTRACT_PACKAGE: &str = "ragen:env";
 /// The version of `wit/env.wit` this host was built against.
-pub const CONTRACT_VERSION: ContractVersion = ContractVersion { major: 0, minor: 1, patch: 0 };
+pub const CONTRACT_VERSION: ContractVersion = ContractVersion { major: 0, minor: 2, patch: 0 };
 
 const ENVIRONMENT_INTERFACE: &str = "ragen:env/environment";
+/// The optional interface of batched calls.
+pub(crate) const BATCH_INTERFACE: &str = "ragen:env/batch";
 
 /// A semver version of the contract package.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,11 +81,27 @@ pub(crate) fn check_exports<'a>(exports: impl IntoIterator<Item = &'a str>) -> R
     if !version.is_compatible_with(&CONTRACT_VERSION) {
         bail!(
             "the plugin was built against {CONTRACT_PACKAGE}@{version}, but this host speaks {CONTRACT_PACKAGE}@{CONTRACT_VERSION} \
-             (compatible: {}); rebuild the plugin against wit/env.wit from this ragen-rs release",
-            compatible_range()
+             (compatible: {}); rebuild the plugin against wit/env.wit from this ragen-rs release{}",
+            compatible_range(),
+            if version.major == 0 && version.minor == 1 { MIGRATE_FROM_0_1 } else { "" }
         );
     }
     Ok(version)
+}
+
+/// What a 0.1 plugin's author changes; wit/README.md has the details.
+const MIGRATE_FROM_0_1: &str = ". From 0.1: `step` takes an `action` (an id or text) and `env-spec.actions` became \
+     `action-space`; with ragen-env-sdk, update the crate, add `type Action = u32;` to the `Environment` impl and write \
+     `action_space: ActionSpace::Names(...)` (see \"From 0.1 to 0.2\" in wit/README.md)";
+
+/// Whether the exports include the optional batched calls at a version
+/// compatible with ours.
+pub(crate) fn exports_batch<'a>(exports: impl IntoIterator<Item = &'a str>) -> bool {
+    exports.into_iter().any(|n| {
+        n.split_once('@').is_some_and(|(iface, v)| {
+            iface == BATCH_INTERFACE && ContractVersion::parse(v).is_some_and(|v| v.is_compatible_with(&CONTRACT_VERSION))
+        })
+    })
 }
 
 fn compatible_range() -> String {
@@ -97,9 +115,10 @@ mod tests {
 
     #[test]
     fn versions_compatible_like_cargo() {
-        let host = ContractVersion { major: 0, minor: 1, patch: 0 };
-        assert!(ContractVersion::parse("0.1.7").unwrap().is_compatible_with(&host));
-        assert!(!ContractVersion::parse("0.2.0").unwrap().is_compatible_with(&host));
+        let host = ContractVersion { major: 0, minor: 2, patch: 0 };
+        assert!(ContractVersion::parse("0.2.7").unwrap().is_compatible_with(&host));
+        assert!(!ContractVersion::parse("0.1.0").unwrap().is_compatible_with(&host));
+        assert!(!ContractVersion::parse("0.3.0").unwrap().is_compatible_with(&host));
         assert!(!ContractVersion::parse("1.1.0").unwrap().is_compatible_with(&host));
         let one = ContractVersion { major: 1, minor: 0, patch: 0 };
         assert!(ContractVersion::parse("1.4.2").unwrap().is_compatible_with(&one));
@@ -109,7 +128,12 @@ mod tests {
 
     #[test]
     fn export_check_names_the_problem() {
-        assert_eq!(check_exports(["ragen:env/environment@0.1.3"]).unwrap().patch, 3);
+        assert_eq!(check_exports(["ragen:env/environment@0.2.3"]).unwrap().patch, 3);
+        let old = check_exports(["ragen:env/environment@0.1.0"]).unwrap_err().to_string();
+        assert!(old.contains("built against ragen:env@0.1.0") && old.contains("type Action = u32"), "{old}");
+        assert!(exports_batch(["ragen:env/environment@0.2.0", "ragen:env/batch@0.2.1"]));
+        assert!(!exports_batch(["ragen:env/environment@0.2.0", "ragen:env/batch@0.1.0"]));
+        assert!(!exports_batch(["ragen:env/environment@0.2.0"]));
         let other = check_exports(["ragen:env/environment@2.0.0"]).unwrap_err().to_string();
         assert!(other.contains("built against ragen:env@2.0.0") && other.contains("rebuild"), "{other}");
         let none = check_exports(["wasi:cli/run@0.2.0"]).unwrap_err().to_string();

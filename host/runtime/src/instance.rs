@@ -1,8 +1,8 @@
 //! One sandboxed plugin instance and the envs living inside it.
 
-use crate::bindings::EnvPlugin;
-use crate::bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo, StepResult};
-use crate::bindings::ragen::env::types::EnvError;
+use crate::bindings::exports::ragen::env::batch::Guest as Batch;
+use crate::bindings::exports::ragen::env::environment::{EnvSpec, Guest as Environment, PluginInfo, StepResult};
+use crate::bindings::ragen::env::types::{Action, EnvError};
 use crate::sandbox::{Fault, FaultKind, SandboxLimits, StoreState, classify};
 use wasmtime::Store;
 use wasmtime::component::ResourceAny;
@@ -20,18 +20,31 @@ pub struct EnvHandle(ResourceAny);
 /// when the plugin itself reported a problem (the instance is fine).
 pub struct PluginInstance {
     store: Store<StoreState>,
-    bindings: EnvPlugin,
+    environment: Environment,
+    /// The batched calls, when the plugin exports them.
+    batch: Option<Batch>,
     limits: SandboxLimits,
     broken: Option<Fault>,
 }
 
+/// Per-item results of a batched call.
+type Many<T> = Vec<Result<T, EnvError>>;
+
 impl PluginInstance {
-    pub(crate) fn new(store: Store<StoreState>, bindings: EnvPlugin, limits: SandboxLimits) -> Self {
-        Self { store, bindings, limits, broken: None }
+    pub(crate) fn new(store: Store<StoreState>, environment: Environment, batch: Option<Batch>, limits: SandboxLimits) -> Self {
+        Self { store, environment, batch, limits, broken: None }
     }
 
     /// Run one call under a fresh time budget and classify any failure.
-    fn call<T>(&mut self, name: &str, f: impl FnOnce(&EnvPlugin, &mut Store<StoreState>) -> wasmtime::Result<T>) -> Result<T, Fault> {
+    fn call<T>(&mut self, name: &str, f: impl FnOnce(&Environment, &mut Store<StoreState>) -> wasmtime::Result<T>) -> Result<T, Fault> {
+        self.call_with(name, |s| f(&s.environment, &mut s.store))
+    }
+
+    /// [`call`](Self::call) with the whole instance at hand. A batched call
+    /// gets the budget of one call, not one per item: a hang inside a batch
+    /// is caught as quickly as anywhere else (the shard then retries the
+    /// batch one call at a time; see the `shard` module).
+    fn call_with<T>(&mut self, name: &str, f: impl FnOnce(&mut Self) -> wasmtime::Result<T>) -> Result<T, Fault> {
         if let Some(fault) = &self.broken {
             return Err(Fault {
                 kind: fault.kind,
@@ -39,7 +52,7 @@ impl PluginInstance {
             });
         }
         self.store.set_epoch_deadline(self.limits.deadline_ticks());
-        f(&self.bindings, &mut self.store).map_err(|e| {
+        f(self).map_err(|e| {
             let fault = classify(e, name, self.store.data(), &self.limits);
             self.broken = Some(fault.clone());
             fault
@@ -54,33 +67,78 @@ impl PluginInstance {
     /// The plugin's self-description, refused (a [`FaultKind::Contract`]
     /// fault) when it is outside [`SandboxLimits::report`].
     pub fn info(&mut self) -> Result<PluginInfo, Fault> {
-        let info = self.call("info", |b, s| b.ragen_env_environment().call_info(s))?;
+        let info = self.call("info", |b, s| b.call_info(s))?;
         self.limits.report.check_info(&info).map_err(|m| contract_fault("info", m))?;
         Ok(info)
     }
 
     pub fn create(&mut self, config: &[(String, String)]) -> Result<Result<EnvHandle, EnvError>, Fault> {
-        self.call("create", |b, s| b.ragen_env_environment().env().call_create(s, config)).map(|r| r.map(EnvHandle))
+        self.call("create", |b, s| b.env().call_create(s, config)).map(|r| r.map(EnvHandle))
     }
 
     /// The env's spec, refused (a [`FaultKind::Contract`] fault) when it is
     /// outside [`SandboxLimits::report`].
     pub fn spec(&mut self, env: EnvHandle) -> Result<EnvSpec, Fault> {
-        let spec = self.call("spec", |b, s| b.ragen_env_environment().env().call_spec(s, env.0))?;
+        let spec = self.call("spec", |b, s| b.env().call_spec(s, env.0))?;
         self.limits.report.check_spec(&spec).map_err(|m| contract_fault("spec", m))?;
         Ok(spec)
     }
 
     pub fn reset(&mut self, env: EnvHandle, seed: u64) -> Result<Result<String, EnvError>, Fault> {
-        self.call("reset", |b, s| b.ragen_env_environment().env().call_reset(s, env.0, seed))
+        self.call("reset", |b, s| b.env().call_reset(s, env.0, seed))
     }
 
-    pub fn step(&mut self, env: EnvHandle, action: u32) -> Result<Result<StepResult, EnvError>, Fault> {
-        self.call("step", |b, s| b.ragen_env_environment().env().call_step(s, env.0, action))
+    /// Take one action: an id (`inst.step(env, 2)`) or text
+    /// (`inst.step(env, "(3 + 5) * 2")`).
+    pub fn step(&mut self, env: EnvHandle, action: impl Into<Action>) -> Result<Result<StepResult, EnvError>, Fault> {
+        let action = action.into();
+        self.call("step", |b, s| b.env().call_step(s, env.0, &action))
+    }
+
+    /// Whether the plugin exports the batched calls.
+    pub fn has_batch(&self) -> bool {
+        self.batch.is_some()
+    }
+
+    /// `reset(seeds[i])` on `envs[i]` in one crossing of the sandbox, or
+    /// `None` when the plugin has no batched calls. A fault breaks the
+    /// instance, as with any call; which env caused it is then unknown.
+    pub fn reset_many(&mut self, envs: &[EnvHandle], seeds: &[u64]) -> Option<Result<Many<String>, Fault>> {
+        assert_eq!(envs.len(), seeds.len(), "reset_many: one seed per env");
+        self.batch.as_ref()?;
+        let handles: Vec<ResourceAny> = envs.iter().map(|e| e.0).collect();
+        Some(self.call_many("reset-many", envs.len(), |s| {
+            let batch = s.batch.as_ref().expect("checked above");
+            batch.call_reset_many(&mut s.store, &handles, seeds)
+        }))
+    }
+
+    /// `step(actions[i])` on `envs[i]` in one crossing; see
+    /// [`reset_many`](Self::reset_many).
+    pub fn step_many(&mut self, envs: &[EnvHandle], actions: &[Action]) -> Option<Result<Many<StepResult>, Fault>> {
+        assert_eq!(envs.len(), actions.len(), "step_many: one action per env");
+        self.batch.as_ref()?;
+        let handles: Vec<ResourceAny> = envs.iter().map(|e| e.0).collect();
+        Some(self.call_many("step-many", envs.len(), |s| {
+            let batch = s.batch.as_ref().expect("checked above");
+            batch.call_step_many(&mut s.store, &handles, actions)
+        }))
+    }
+
+    /// A batched call, whose answer must have one item per env: a plugin
+    /// that returns another count breaks the contract.
+    fn call_many<T>(&mut self, name: &str, items: usize, f: impl FnOnce(&mut Self) -> wasmtime::Result<Many<T>>) -> Result<Many<T>, Fault> {
+        let out = self.call_with(name, f)?;
+        if out.len() != items {
+            let fault = contract_fault(name, format!("returned {} results for {items} envs", out.len()));
+            self.broken = Some(fault.clone());
+            return Err(fault);
+        }
+        Ok(out)
     }
 
     pub fn render(&mut self, env: EnvHandle) -> Result<String, Fault> {
-        self.call("render", |b, s| b.ragen_env_environment().env().call_render(s, env.0))
+        self.call("render", |b, s| b.env().call_render(s, env.0))
     }
 
     /// Destroy an env, freeing its memory inside the instance.

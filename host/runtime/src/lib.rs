@@ -27,7 +27,7 @@ mod shard;
 mod wasi;
 
 pub use bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo, StepResult};
-pub use bindings::ragen::env::types::{ConfigKey, EnvError, ErrorKind, LegendEntry, Limits, StepInfo};
+pub use bindings::ragen::env::types::{Action, ActionSpace, ConfigKey, EnvError, ErrorKind, LegendEntry, Limits, StepInfo, TextActions};
 pub use cache::{CACHE_DIR_VAR, CompileCache, NO_CACHE_VAR};
 pub use contract::{CONTRACT_PACKAGE, CONTRACT_VERSION, ContractVersion};
 pub use instance::{EnvHandle, PluginInstance};

@@ -1,7 +1,7 @@
 //! A plugin: checked and compiled once, instantiated many times.
 
 use crate::IntoAnyhow;
-use crate::bindings::EnvPluginPre;
+use crate::bindings::exports::ragen::env::{batch, environment};
 use crate::cache::CompileCache;
 use crate::contract::{self, ContractVersion};
 use crate::instance::PluginInstance;
@@ -9,13 +9,13 @@ use crate::sandbox::{self, SandboxLimits, StoreState};
 use crate::wasi;
 use anyhow::{Context, Result};
 use std::path::Path;
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Config, Engine, Store};
 
 /// A compiled environment plugin.
 ///
 /// Compilation is the expensive part (tens of milliseconds); instantiation
-/// from the pre-linked [`EnvPluginPre`] is cheap, which is what lets a pool
+/// from the pre-linked component is cheap, which is what lets a pool
 /// replace a broken instance without recompiling. `Plugin` is `Send + Sync`:
 /// share it between worker threads in an `Arc`.
 ///
@@ -33,12 +33,18 @@ use wasmtime::{Config, Engine, Store};
 /// let spec = inst.spec(env)?;
 /// let first = inst.reset(env, 7)?.expect("a healthy env resets");
 /// let out = inst.step(env, 0)?.expect("action 0 exists");
-/// println!("{first}\n{}: reward {}", spec.actions[0], out.reward);
+/// println!("{first}\n{}: reward {}", spec.action_names()[0], out.reward);
+/// // The Rust SDK exports the batched calls too.
+/// assert!(plugin.has_batch());
 /// # Ok::<(), anyhow::Error>(())
 /// ```
 pub struct Plugin {
     engine: Engine,
-    pre: EnvPluginPre<StoreState>,
+    pre: InstancePre<StoreState>,
+    /// Where `environment`'s functions are, looked up once.
+    environment: environment::GuestIndices,
+    /// Where `batch`'s are, when the plugin exports it.
+    batch: Option<batch::GuestIndices>,
     limits: SandboxLimits,
     contract_version: ContractVersion,
     imports: Vec<String>,
@@ -96,10 +102,17 @@ impl Plugin {
         let mut linker = Linker::new(&engine);
         wasi::add_to_linker(&mut linker).anyhow().context("cannot link the sandbox's WASI")?;
         wasi::trap_unlinked_imports(&mut linker, &component, &engine).anyhow().with_context(fail)?;
-        let pre = EnvPluginPre::new(linker.instantiate_pre(&component).anyhow().with_context(fail)?).anyhow().with_context(fail)?;
+        let pre = linker.instantiate_pre(&component).anyhow().with_context(fail)?;
+        let environment = environment::GuestIndices::new(&pre).anyhow().with_context(fail)?;
+        let batch = if contract::exports_batch(exports.iter().map(String::as_str)) {
+            Some(batch::GuestIndices::new(&pre).anyhow().context("its `batch` export does not match wit/env.wit").with_context(fail)?)
+        } else {
+            None
+        };
         sandbox::start_epoch_ticker(&engine);
 
-        Ok(Self { engine, pre, limits, contract_version, imports, size_bytes: bytes.len(), source: source.to_string(), from_cache })
+        let size_bytes = bytes.len();
+        Ok(Self { engine, pre, environment, batch, limits, contract_version, imports, size_bytes, source: source.to_string(), from_cache })
     }
 
     /// A fresh, isolated instance: its own memory, its own envs.
@@ -108,13 +121,22 @@ impl Plugin {
         store.limiter(|state| &mut state.memory);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(self.limits.deadline_ticks());
-        let bindings = self.pre.instantiate(&mut store).anyhow().with_context(|| format!("cannot instantiate plugin `{}`", self.source))?;
-        Ok(PluginInstance::new(store, bindings, self.limits.clone()))
+        let fail = || format!("cannot instantiate plugin `{}`", self.source);
+        let instance = self.pre.instantiate(&mut store).anyhow().with_context(fail)?;
+        let environment = self.environment.load(&mut store, &instance).anyhow().with_context(fail)?;
+        let batch = self.batch.as_ref().map(|b| b.load(&mut store, &instance)).transpose().anyhow().with_context(fail)?;
+        Ok(PluginInstance::new(store, environment, batch, self.limits.clone()))
     }
 
     /// The limits every instance runs under.
     pub fn limits(&self) -> &SandboxLimits {
         &self.limits
+    }
+
+    /// Whether the plugin exports the optional batched calls (`batch` in
+    /// wit/env.wit); pools use them when it does.
+    pub fn has_batch(&self) -> bool {
+        self.batch.is_some()
     }
 
     /// The contract version the plugin was built against.

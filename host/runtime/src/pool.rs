@@ -25,8 +25,13 @@
 //! the other envs in that instance are restored by replay and keep going.
 //! Invalid output (a NaN reward, an oversized observation) fails the
 //! episode but keeps the instance.
+//!
+//! **Batched calls.** When the plugin exports the contract's `batch`
+//! interface, each instance's share of a call crosses the sandbox once for
+//! its resets and once for its steps instead of once per env; faults still
+//! stay with the env that caused them (see the `shard` module).
 
-use crate::bindings::ragen::env::types::{ErrorKind, StepInfo};
+use crate::bindings::ragen::env::types::{Action, ErrorKind, StepInfo};
 use crate::plugin::Plugin;
 use crate::sandbox::FaultKind;
 use crate::shard::Shard;
@@ -50,6 +55,10 @@ pub struct PoolConfig {
     /// Settings every env is created with.
     pub settings: Vec<(String, String)>,
     pub autoreset: bool,
+    /// Use the plugin's batched calls when it exports them (one crossing
+    /// of the sandbox per instance per call instead of one per env). Off
+    /// gives exactly the same results, one call per env.
+    pub batched: bool,
 }
 
 impl PoolConfig {
@@ -60,6 +69,7 @@ impl PoolConfig {
             envs_per_instance: 64,
             settings: Vec::new(),
             autoreset: true,
+            batched: true,
         }
     }
 }
@@ -143,11 +153,14 @@ pub struct PoolStats {
     pub restarts: usize,
     /// Linear memory held by all instances, in bytes.
     pub memory_bytes: usize,
+    /// Instances whose envs are reset and stepped through the plugin's
+    /// batched calls (the rest make one call per env).
+    pub batched_instances: usize,
 }
 
-enum Call {
+pub(crate) enum Call {
     Reset(u64),
-    Step(u32),
+    Step(Action),
 }
 
 type Reply = Vec<(usize, Result<PoolStep, EnvFailure>)>;
@@ -208,12 +221,12 @@ impl EnvPool {
             let ids: Vec<usize> = (w..config.num_envs).step_by(threads).collect();
             let (tx, rx) = mpsc::channel();
             let (plugin, settings, ready) = (plugin.clone(), settings.clone(), ready_tx.clone());
-            let autoreset = config.autoreset;
+            let (autoreset, batched) = (config.autoreset, config.batched);
             let thread = std::thread::Builder::new()
                 .name(format!("ragen-pool-{w}"))
                 .spawn(move || {
                     let shards: Result<Vec<Shard>> =
-                        ids.chunks(per_instance).map(|chunk| Shard::new(plugin.clone(), settings.clone(), chunk)).collect();
+                        ids.chunks(per_instance).map(|chunk| Shard::new(plugin.clone(), settings.clone(), chunk, batched)).collect();
                     match shards {
                         Ok(shards) => {
                             let _ = ready.send(Ok(()));
@@ -249,12 +262,13 @@ impl EnvPool {
         Ok(self.run(calls)?.into_iter().map(|r| r.map(|s| s.observation)).collect())
     }
 
-    /// Step `env_ids[i]` with `actions[i]`, in the order given.
-    pub fn step(&self, env_ids: &[usize], actions: &[u32]) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
+    /// Step `env_ids[i]` with `actions[i]`, in the order given. Actions are
+    /// ids (`u32`) or [`Action`]s (ids or text).
+    pub fn step<A: Clone + Into<Action>>(&self, env_ids: &[usize], actions: &[A]) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
         if env_ids.len() != actions.len() {
             bail!("step: {} env ids but {} actions", env_ids.len(), actions.len());
         }
-        let calls = env_ids.iter().zip(actions).map(|(&id, &a)| (id, Call::Step(a))).collect();
+        let calls = env_ids.iter().zip(actions).map(|(&id, a)| (id, Call::Step(a.clone().into()))).collect();
         self.run(calls)
     }
 
@@ -265,7 +279,7 @@ impl EnvPool {
     }
 
     /// Step every env; env `i` takes `actions[i]`.
-    pub fn step_all(&self, actions: &[u32]) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
+    pub fn step_all<A: Clone + Into<Action>>(&self, actions: &[A]) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
         let ids: Vec<usize> = (0..self.num_envs).collect();
         self.step(&ids, actions)
     }
@@ -280,6 +294,7 @@ impl EnvPool {
             total.instances += s.instances;
             total.restarts += s.restarts;
             total.memory_bytes += s.memory_bytes;
+            total.batched_instances += s.batched_instances;
         }
         Ok(total)
     }
@@ -318,18 +333,18 @@ fn run_worker(mut shards: Vec<Shard>, per_instance: usize, autoreset: bool, jobs
     for job in jobs {
         match job {
             Job::Run(calls, reply) => {
-                let results = calls
-                    .into_iter()
-                    .map(|(pos, local, call)| {
-                        let shard = &mut shards[local / per_instance];
-                        let slot = local % per_instance;
-                        let r = match call {
-                            Call::Reset(seed) => shard.reset(slot, seed).map(|obs| PoolStep::autoreset(obs, seed)),
-                            Call::Step(action) => shard.step(slot, action, autoreset),
-                        };
-                        (pos, r)
-                    })
-                    .collect();
+                // Group by instance, so each can batch its envs' calls.
+                let mut per_shard: Vec<Vec<(usize, usize, Call)>> = (0..shards.len()).map(|_| Vec::new()).collect();
+                let n = calls.len();
+                for (pos, local, call) in calls {
+                    per_shard[local / per_instance].push((pos, local % per_instance, call));
+                }
+                let mut results = Vec::with_capacity(n);
+                for (shard, calls) in shards.iter_mut().zip(per_shard) {
+                    if !calls.is_empty() {
+                        results.extend(shard.run(calls, autoreset));
+                    }
+                }
                 let _ = reply.send(results);
             }
             Job::Stats(reply) => {
@@ -338,6 +353,7 @@ fn run_worker(mut shards: Vec<Shard>, per_instance: usize, autoreset: bool, jobs
                     instances: shards.len(),
                     restarts: shards.iter().map(|s| s.restarts).sum(),
                     memory_bytes: shards.iter().map(|s| s.memory_bytes()).sum(),
+                    batched_instances: shards.iter().filter(|s| s.batched()).count(),
                 });
             }
         }

@@ -5,7 +5,7 @@
 //! and [`spec`](crate::PluginInstance::spec) refuse an answer outside these
 //! bounds, so no consumer has to check again.
 
-use crate::{EnvSpec, PluginInfo};
+use crate::{ActionSpace, EnvSpec, PluginInfo};
 
 /// The largest self-description the host accepts. The defaults are far
 /// above what any text environment needs and far below what would hurt.
@@ -20,6 +20,8 @@ pub struct ReportLimits {
     pub max_actions: usize,
     /// Config keys, legend entries and metrics, each.
     pub max_entries: usize,
+    /// Largest `max-bytes` of a text action space.
+    pub max_text_action_bytes: u32,
     /// Highest accepted `max-turns`.
     pub max_turns: u32,
     /// Highest accepted `max-actions-per-turn`.
@@ -38,6 +40,7 @@ impl Default for ReportLimits {
             max_instructions_bytes: 16 << 10,
             max_actions: 256,
             max_entries: 64,
+            max_text_action_bytes: 64 << 10,
             max_turns: 1_000,
             max_actions_per_turn: 64,
             max_actions_per_episode: 100_000,
@@ -78,6 +81,25 @@ impl ReportLimits {
         Ok(())
     }
 
+    fn check_names(&self, names: &[String]) -> Result<(), String> {
+        if names.is_empty() {
+            return Err("the action list is empty; an environment needs at least one action".into());
+        }
+        if names.len() > self.max_actions {
+            return Err(format!("{} actions, over the limit of {}", names.len(), self.max_actions));
+        }
+        for (i, a) in names.iter().enumerate() {
+            if a.trim().is_empty() {
+                return Err(format!("action #{i} has an empty name"));
+            }
+            self.text(&format!("action #{i}'s name"), a)?;
+            if names[..i].contains(a) {
+                return Err(format!("action `{a}` is listed twice; action names must be unique"));
+            }
+        }
+        Ok(())
+    }
+
     /// `spec()`'s answer within bounds, or what is wrong with it.
     pub fn check_spec(&self, spec: &EnvSpec) -> Result<(), String> {
         if spec.instructions.len() > self.max_instructions_bytes {
@@ -87,19 +109,16 @@ impl ReportLimits {
                 self.max_instructions_bytes
             ));
         }
-        if spec.actions.is_empty() {
-            return Err("the action list is empty; an environment needs at least one action".into());
-        }
-        if spec.actions.len() > self.max_actions {
-            return Err(format!("{} actions, over the limit of {}", spec.actions.len(), self.max_actions));
-        }
-        for (i, a) in spec.actions.iter().enumerate() {
-            if a.trim().is_empty() {
-                return Err(format!("action #{i} has an empty name"));
-            }
-            self.text(&format!("action #{i}'s name"), a)?;
-            if spec.actions[..i].contains(a) {
-                return Err(format!("action `{a}` is listed twice; action names must be unique"));
+        match &spec.action_space {
+            ActionSpace::Names(names) => self.check_names(names)?,
+            ActionSpace::Text(text) => {
+                if text.max_bytes == 0 || text.max_bytes > self.max_text_action_bytes {
+                    return Err(format!(
+                        "the text action space's max-bytes is {}; it must be between 1 and {}",
+                        text.max_bytes, self.max_text_action_bytes
+                    ));
+                }
+                self.text("the text action space's form", &text.form)?;
             }
         }
         self.entries("legend entries", spec.legend.len())?;

@@ -3,12 +3,28 @@
 //! other env's episode is replayed from its seed and actions. Plugins are
 //! deterministic by contract, so the replay lands in exactly the same state
 //! and those envs never notice.
+//!
+//! **Batched calls.** When the plugin exports `batch`, a worker's calls for
+//! one shard go in at most two crossings: one `reset-many` (explicit resets
+//! and autoresets) and one `step-many`. A fault inside a batched call breaks
+//! the instance without saying which env caused it. The shard then rebuilds
+//! the instance (every env replayed to where it stood before the batch; the
+//! batch's results are discarded) and runs that batch's items again one call
+//! at a time. Plugins are deterministic, so the env that faulted faults
+//! again on its own call and fails alone, exactly as without batching, and
+//! every other item gets the result its single call gives.
+//!
+//! A batched call has the time budget of one call, so a hang is caught as
+//! quickly as without batching. A batch that runs out of time without a
+//! hang (each step slow, but within its own budget) turns batching off for
+//! that instance: from then on it gets one call per env, each with its own
+//! budget, rather than a timeout and a replay on every batch.
 
 use crate::bindings::exports::ragen::env::environment::StepResult;
-use crate::bindings::ragen::env::types::EnvError;
+use crate::bindings::ragen::env::types::{Action, EnvError};
 use crate::instance::{EnvHandle, PluginInstance};
 use crate::plugin::Plugin;
-use crate::pool::{EnvFailure, FailureKind, PoolStep};
+use crate::pool::{Call, EnvFailure, FailureKind, PoolStep};
 use crate::sandbox::Fault;
 use std::sync::Arc;
 
@@ -18,7 +34,7 @@ enum Episode {
     /// Never reset.
     Fresh,
     /// Running since `reset(seed)`, with these actions taken since.
-    Running { seed: u64, actions: Vec<u32> },
+    Running { seed: u64, actions: Vec<Action> },
     /// Ended with `done`.
     Over { seed: u64 },
     /// Ended by a failure, said in `why`; a reset starts over.
@@ -43,6 +59,14 @@ struct Slot {
     episode: Episode,
 }
 
+/// What a step call turns into under the episode rules.
+enum Begin {
+    /// Step the running episode from `seed` through `handle`.
+    Step { seed: u64, handle: EnvHandle },
+    /// Autoreset: start the next episode from this seed instead.
+    Autoreset(u64),
+}
+
 pub(crate) struct Shard {
     plugin: Arc<Plugin>,
     settings: Arc<Vec<(String, String)>>,
@@ -50,6 +74,9 @@ pub(crate) struct Shard {
     slots: Vec<Slot>,
     /// Instances replaced after a fault.
     pub(crate) restarts: usize,
+    /// Whether to use the plugin's batched calls (off for plugins without
+    /// them, by configuration, or after a batch ran out of time).
+    batched: bool,
 }
 
 /// The seed an autoreset uses after an episode from `seed`: a splitmix64
@@ -65,18 +92,23 @@ pub fn next_seed(seed: u64) -> u64 {
 impl Shard {
     /// A new instance holding one env per id. Errors if the plugin rejects
     /// the settings or faults while creating.
-    pub(crate) fn new(plugin: Arc<Plugin>, settings: Arc<Vec<(String, String)>>, ids: &[usize]) -> anyhow::Result<Self> {
+    pub(crate) fn new(plugin: Arc<Plugin>, settings: Arc<Vec<(String, String)>>, ids: &[usize], batched: bool) -> anyhow::Result<Self> {
         let mut instance = plugin.instantiate()?;
         let mut slots = Vec::with_capacity(ids.len());
         for &id in ids {
             let handle = instance.create(&settings)?.map_err(|e| anyhow::anyhow!("the plugin rejected the settings: {}", e.message))?;
             slots.push(Slot { id, handle: Some(handle), episode: Episode::Fresh });
         }
-        Ok(Self { plugin, settings, instance, slots, restarts: 0 })
+        let batched = batched && plugin.has_batch();
+        Ok(Self { plugin, settings, instance, slots, restarts: 0, batched })
     }
 
     pub(crate) fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    pub(crate) fn batched(&self) -> bool {
+        self.batched
     }
 
     pub(crate) fn memory_bytes(&self) -> usize {
@@ -130,8 +162,15 @@ impl Shard {
         };
         match self.instance.reset(handle, seed) {
             Err(fault) => Err(self.fault(slot, Some(seed), fault)),
-            Ok(Err(e)) => Err(self.env_error(slot, Some(seed), e)),
-            Ok(Ok(observation)) => match self.check_observation(&observation) {
+            Ok(r) => self.finish_reset(slot, seed, r),
+        }
+    }
+
+    /// Record what a reset of `slot` to `seed` returned.
+    fn finish_reset(&mut self, slot: usize, seed: u64, r: Result<String, EnvError>) -> Result<String, EnvFailure> {
+        match r {
+            Err(e) => Err(self.env_error(slot, Some(seed), e)),
+            Ok(observation) => match self.check_observation(&observation) {
                 Err(problem) => {
                     let why = format!("reset: {problem}");
                     self.slots[slot].episode = Episode::Failed { seed: Some(seed), why: why.clone() };
@@ -145,7 +184,19 @@ impl Shard {
         }
     }
 
-    pub(crate) fn step(&mut self, slot: usize, action: u32, autoreset: bool) -> Result<PoolStep, EnvFailure> {
+    pub(crate) fn step(&mut self, slot: usize, action: Action, autoreset: bool) -> Result<PoolStep, EnvFailure> {
+        let (seed, handle) = match self.begin_step(slot, autoreset)? {
+            Begin::Step { seed, handle } => (seed, handle),
+            Begin::Autoreset(next) => return self.reset(slot, next).map(|obs| PoolStep::autoreset(obs, next)),
+        };
+        match self.instance.step(handle, action.clone()) {
+            Err(fault) => Err(self.fault(slot, Some(seed), fault)),
+            Ok(r) => self.finish_step(slot, seed, action, r),
+        }
+    }
+
+    /// Decide what a step on `slot` does under the episode rules.
+    fn begin_step(&mut self, slot: usize, autoreset: bool) -> Result<Begin, EnvFailure> {
         // Copy out what decides the branch; cloning the episode would copy
         // its whole action history on every step.
         let seed = match self.slots[slot].episode {
@@ -154,13 +205,9 @@ impl Shard {
                 let message = "step before the first reset; reset the env first".to_string();
                 return Err(self.failure(slot, None, FailureKind::Env(crate::ErrorKind::NotStarted), message));
             }
-            Episode::Over { seed } | Episode::Failed { seed: Some(seed), .. } if autoreset => {
-                // Next-step autoreset: this call starts the next episode and
-                // the action is not used.
-                let next = next_seed(seed);
-                let observation = self.reset(slot, next)?;
-                return Ok(PoolStep::autoreset(observation, next));
-            }
+            // Next-step autoreset: this call starts the next episode and
+            // the action is not used.
+            Episode::Over { seed } | Episode::Failed { seed: Some(seed), .. } if autoreset => return Ok(Begin::Autoreset(next_seed(seed))),
             Episode::Over { seed } => {
                 let message = "the episode has ended; reset the env (or enable autoreset)".to_string();
                 return Err(self.failure(slot, Some(seed), FailureKind::Env(crate::ErrorKind::EpisodeOver), message));
@@ -174,24 +221,131 @@ impl Shard {
                 return Err(self.failure(slot, None, FailureKind::Env(crate::ErrorKind::NotStarted), message));
             }
         };
-        let Some(handle) = self.slots[slot].handle else {
-            return Err(self.unavailable(slot, Some(seed)));
-        };
-        match self.instance.step(handle, action) {
-            Err(fault) => Err(self.fault(slot, Some(seed), fault)),
-            Ok(Err(e)) => Err(self.env_error(slot, Some(seed), e)),
-            Ok(Ok(r)) => {
-                if let Err(problem) = self.check_step(&r) {
-                    let why = format!("step: {problem}");
-                    self.slots[slot].episode = Episode::Failed { seed: Some(seed), why: why.clone() };
-                    return Err(self.failure(slot, Some(seed), FailureKind::InvalidOutput, why));
+        match self.slots[slot].handle {
+            Some(handle) => Ok(Begin::Step { seed, handle }),
+            None => Err(self.unavailable(slot, Some(seed))),
+        }
+    }
+
+    /// Record what `action` on `slot` (in the episode from `seed`) returned.
+    fn finish_step(&mut self, slot: usize, seed: u64, action: Action, r: Result<StepResult, EnvError>) -> Result<PoolStep, EnvFailure> {
+        let r = r.map_err(|e| self.env_error(slot, Some(seed), e))?;
+        if let Err(problem) = self.check_step(&r) {
+            let why = format!("step: {problem}");
+            self.slots[slot].episode = Episode::Failed { seed: Some(seed), why: why.clone() };
+            return Err(self.failure(slot, Some(seed), FailureKind::InvalidOutput, why));
+        }
+        if r.done {
+            self.slots[slot].episode = Episode::Over { seed };
+        } else if let Episode::Running { actions, .. } = &mut self.slots[slot].episode {
+            actions.push(action);
+        }
+        Ok(PoolStep::from_result(r))
+    }
+
+    /// Run `calls` (caller's position, slot, call) on this shard: in at most
+    /// two batched crossings when the plugin has them, else one call each.
+    /// See the module docs for how a fault in a batch stays with its env.
+    pub(crate) fn run(&mut self, calls: Vec<(usize, usize, Call)>, autoreset: bool) -> Vec<(usize, Result<PoolStep, EnvFailure>)> {
+        if calls.len() < 2 || !self.batched || self.instance.is_broken() || self.repeats_a_slot(&calls) {
+            return calls.into_iter().map(|(pos, slot, call)| (pos, self.run_one(slot, call, autoreset))).collect();
+        }
+        let mut out = Vec::with_capacity(calls.len());
+        // (position, slot, seed, whether this is an autoreset)
+        let mut resets: Vec<(usize, usize, u64, bool)> = Vec::new();
+        // (position, slot, episode seed, action)
+        let mut steps: Vec<(usize, usize, u64, Action)> = Vec::new();
+        for (pos, slot, call) in calls {
+            match call {
+                Call::Reset(seed) => resets.push((pos, slot, seed, false)),
+                Call::Step(action) => match self.begin_step(slot, autoreset) {
+                    Err(failure) => out.push((pos, Err(failure))),
+                    Ok(Begin::Autoreset(next)) => resets.push((pos, slot, next, true)),
+                    Ok(Begin::Step { seed, .. }) => steps.push((pos, slot, seed, action)),
+                },
+            }
+        }
+        self.reset_batch(resets, &mut out);
+        self.step_batch(steps, &mut out);
+        out
+    }
+
+    /// A batched call faulted: restore the instance as it was before the
+    /// batch, and stop batching if the batch merely ran out of time.
+    fn batch_faulted(&mut self, fault: &Fault) {
+        if fault.kind == crate::FaultKind::Timeout {
+            self.batched = false;
+        }
+        self.rebuild();
+    }
+
+    fn run_one(&mut self, slot: usize, call: Call, autoreset: bool) -> Result<PoolStep, EnvFailure> {
+        match call {
+            Call::Reset(seed) => self.reset(slot, seed).map(|obs| PoolStep::autoreset(obs, seed)),
+            Call::Step(action) => self.step(slot, action, autoreset),
+        }
+    }
+
+    /// Whether a slot appears twice: such a batch runs call by call, in order.
+    fn repeats_a_slot(&self, calls: &[(usize, usize, Call)]) -> bool {
+        let mut seen = vec![false; self.slots.len()];
+        calls.iter().any(|&(_, slot, _)| std::mem::replace(&mut seen[slot], true))
+    }
+
+    fn reset_batch(&mut self, resets: Vec<(usize, usize, u64, bool)>, out: &mut Vec<(usize, Result<PoolStep, EnvFailure>)>) {
+        // Envs left without a handle by an earlier failed rebuild go alone.
+        let (ready, alone): (Vec<_>, Vec<_>) =
+            resets.into_iter().partition(|r| self.slots[r.1].handle.is_some() && !self.instance.is_broken());
+        let as_step = |obs: String, seed: u64| PoolStep::autoreset(obs, seed);
+        for (pos, slot, seed, _) in alone {
+            out.push((pos, self.reset(slot, seed).map(|obs| as_step(obs, seed))));
+        }
+        if ready.is_empty() {
+            return;
+        }
+        let handles: Vec<EnvHandle> = ready.iter().map(|r| self.slots[r.1].handle.expect("partitioned")).collect();
+        let seeds: Vec<u64> = ready.iter().map(|r| r.2).collect();
+        match self.instance.reset_many(&handles, &seeds).expect("the shard checked for batch support") {
+            Ok(results) => {
+                for ((pos, slot, seed, _), r) in ready.into_iter().zip(results) {
+                    out.push((pos, self.finish_reset(slot, seed, r).map(|obs| as_step(obs, seed))));
                 }
-                if r.done {
-                    self.slots[slot].episode = Episode::Over { seed };
-                } else if let Episode::Running { actions, .. } = &mut self.slots[slot].episode {
-                    actions.push(action);
+            }
+            Err(fault) => {
+                // Rebuild to the state before the batch, then one by one.
+                self.batch_faulted(&fault);
+                for (pos, slot, seed, _) in ready {
+                    out.push((pos, self.reset(slot, seed).map(|obs| as_step(obs, seed))));
                 }
-                Ok(PoolStep::from_result(r))
+            }
+        }
+    }
+
+    fn step_batch(&mut self, steps: Vec<(usize, usize, u64, Action)>, out: &mut Vec<(usize, Result<PoolStep, EnvFailure>)>) {
+        // Handles are read now: a rebuild during the resets replaced them.
+        // Envs without one (a failed rebuild) go alone.
+        let (ready, alone): (Vec<_>, Vec<_>) =
+            steps.into_iter().partition(|s| self.slots[s.1].handle.is_some() && !self.instance.is_broken());
+        for (pos, slot, _, action) in alone {
+            out.push((pos, self.step(slot, action, false)));
+        }
+        if ready.is_empty() {
+            return;
+        }
+        let handles: Vec<EnvHandle> = ready.iter().map(|s| self.slots[s.1].handle.expect("partitioned")).collect();
+        let actions: Vec<Action> = ready.iter().map(|s| s.3.clone()).collect();
+        match self.instance.step_many(&handles, &actions).expect("the shard checked for batch support") {
+            Ok(results) => {
+                for ((pos, slot, seed, action), r) in ready.into_iter().zip(results) {
+                    out.push((pos, self.finish_step(slot, seed, action, r)));
+                }
+            }
+            Err(fault) => {
+                // Rebuild to the state before the batch, then one by one.
+                self.batch_faulted(&fault);
+                for (pos, slot, _, action) in ready {
+                    out.push((pos, self.step(slot, action, false)));
+                }
             }
         }
     }
@@ -251,14 +405,14 @@ impl Shard {
 
     /// Reset `handle` to `seed` and take `actions` again; the error says
     /// which call went wrong and how.
-    fn replay(instance: &mut PluginInstance, handle: EnvHandle, seed: u64, actions: &[u32]) -> Result<(), String> {
+    fn replay(instance: &mut PluginInstance, handle: EnvHandle, seed: u64, actions: &[Action]) -> Result<(), String> {
         match instance.reset(handle, seed) {
             Err(fault) => return Err(format!("reset(seed {seed}) faulted: {fault}")),
             Ok(Err(e)) => return Err(format!("reset(seed {seed}) failed: {}", e.message)),
             Ok(Ok(_)) => {}
         }
-        for (n, &a) in actions.iter().enumerate() {
-            match instance.step(handle, a) {
+        for (n, a) in actions.iter().enumerate() {
+            match instance.step(handle, a.clone()) {
                 Err(fault) => return Err(format!("step {} (action {a}) faulted: {fault}", n + 1)),
                 Ok(Err(e)) => return Err(format!("step {} (action {a}) failed: {}", n + 1, e.message)),
                 Ok(Ok(_)) => {}

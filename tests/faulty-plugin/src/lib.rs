@@ -51,6 +51,8 @@ fn strikes(seed: u64) -> bool {
 }
 
 impl Environment for Faulty {
+    type Action = u32;
+
     fn info() -> PluginInfo {
         PluginInfo {
             name: "faulty".into(),
@@ -88,14 +90,14 @@ impl Environment for Faulty {
         let mut spec = EnvSpec {
             instructions: "Count up.".into(),
             legend: vec![],
-            actions: vec!["Inc".into(), "Stay".into()],
+            action_space: ActionSpace::names(&["Inc", "Stay"]),
             limits: Limits { max_actions_per_episode: 5, max_actions_per_turn: 5, max_turns: 1, max_steps: 5 },
             metrics: vec![],
         };
         if cfg!(feature = "configurable") {
             let k = &self.knobs;
             spec.instructions = format!("Count up.{}", k.text).repeat(k.repeat);
-            spec.actions = (0..k.actions).map(|i| format!("A{i}{}", k.text)).collect();
+            spec.action_space = ActionSpace::Names((0..k.actions).map(|i| format!("A{i}{}", k.text)).collect());
             spec.limits = Limits {
                 max_turns: k.limits.0,
                 max_actions_per_turn: k.limits.1,
@@ -105,18 +107,18 @@ impl Environment for Faulty {
             spec.metrics = vec![format!("m{}", k.text)];
         }
         if cfg!(feature = "empty-actions") {
-            spec.actions.clear();
+            spec.action_space = ActionSpace::Names(vec![]);
         }
         if cfg!(feature = "huge-limits") {
             spec.limits =
                 Limits { max_actions_per_episode: u32::MAX, max_actions_per_turn: u32::MAX, max_turns: u32::MAX, max_steps: u32::MAX };
         }
         if cfg!(feature = "metadata-bomb") {
-            spec.actions = (0..200_000).map(|i| format!("A{i}")).collect();
+            spec.action_space = ActionSpace::Names((0..200_000).map(|i| format!("A{i}")).collect());
             spec.instructions = "Count up. ".repeat(500_000);
         }
         if cfg!(feature = "escape-codes") {
-            spec.actions[1] = "Stay\x1b[31m".into();
+            spec.action_space = ActionSpace::names(&["Inc", "Stay\x1b[31m"]);
         }
         spec
     }

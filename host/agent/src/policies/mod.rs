@@ -2,7 +2,7 @@
 
 mod random;
 
-pub use random::RandomPolicy;
+pub use random::{RANDOM_NEEDS_NAMES, RandomPolicy};
 
 /// The reply a scripted policy sends to play `names`, after the pre-fill
 /// (`<think>` or `<answer>`): well formed, with `thought` as its reasoning.

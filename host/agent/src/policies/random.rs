@@ -18,6 +18,11 @@ impl RandomPolicy {
     }
 }
 
+/// Why the random policy cannot play a text env, and what to use instead.
+pub const RANDOM_NEEDS_NAMES: &str = "the random policy picks action names, and this env's action is free text \
+     (there is no uniform distribution over all text); evaluate a model instead (--model PATH), or, for a shipped env, \
+     its solver (--policy countdown-solver for Countdown)";
+
 impl Policy for RandomPolicy {
     fn name(&self) -> &str {
         "random"
@@ -28,6 +33,9 @@ impl Policy for RandomPolicy {
     }
 
     fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {
+        if contexts.iter().any(|c| c.actions.is_empty()) {
+            anyhow::bail!(RANDOM_NEEDS_NAMES);
+        }
         Ok(contexts
             .iter()
             .map(|c| {
