@@ -135,3 +135,47 @@ fn an_untrained_transformer_always_answers_in_format() {
         }
     }
 }
+
+/// Answers every context with the same text.
+struct Says(String);
+
+impl Policy for Says {
+    fn name(&self) -> &str {
+        "says"
+    }
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &ByteTokenizer
+    }
+    fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {
+        let tokens = ByteTokenizer.encode(&self.0);
+        Ok(contexts.iter().map(|_| Response { text: self.0.clone(), logprobs: vec![0.0; tokens.len()], tokens: tokens.clone() }).collect())
+    }
+}
+
+#[test]
+fn countdown_answers_reach_the_env_as_text() {
+    use ragen_env_countdown::{Countdown, expr, solver};
+    let seed = 5;
+    let puzzle = ragen_env_sdk::CheckedEnv::<Countdown>::create(&[]).unwrap().inner().puzzle(seed);
+    let solved = solver::solve(&puzzle.numbers, puzzle.target).unwrap();
+    let summed: Vec<String> = puzzle.numbers.iter().map(u64::to_string).collect();
+    let summed = summed.join(" + ");
+    let r = runner("countdown", 1, 1);
+    assert!(r.spec().takes_text());
+    for answer in [solved.as_str(), summed.as_str(), "1 + 1", "  "] {
+        let reply = format!("I will try this.</think><answer> {answer} </answer>");
+        let t = r.run(&mut Says(reply), &[seed]).unwrap().remove(0);
+        assert_eq!(t.turns.len(), 1, "one turn");
+        let want = if answer.trim().is_empty() { -0.1 } else { expr::score(answer, &puzzle.numbers, puzzle.target, 0.1) };
+        assert!((t.reward - want).abs() < 1e-12, "{answer:?}: {} (want {want})", t.reward);
+        assert_eq!(t.success, want == 1.0, "{answer:?}");
+        if answer.trim().is_empty() {
+            assert!(t.turns[0].executed.is_empty() && t.turns[0].penalty == -0.1, "an empty answer is not sent");
+        } else {
+            assert_eq!(t.turns[0].executed, [answer.to_string()], "the trimmed answer is the action");
+        }
+    }
+    // The prompt describes the answer instead of listing actions.
+    let t = r.run(&mut Says("x".into()), &[seed]).unwrap().remove(0);
+    assert!(t.segments[1].text.contains("Your answer is one arithmetic expression") && t.segments[1].text.contains(&puzzle.render()));
+}

@@ -73,3 +73,30 @@ fn a_training_config_sets_the_eval_loop() {
     let turns = v["turns_mean"].as_f64().unwrap();
     assert!(turns > 1.0 && turns <= 10.0, "{v}");
 }
+
+#[test]
+fn countdown_is_evaluated_with_text_answers() {
+    let file = scratch("eval").join("countdown.jsonl");
+    let countdown = plugin("countdown");
+    let v = eval_json(&[
+        "--env",
+        countdown.to_str().unwrap(),
+        "--policy",
+        "countdown-solver",
+        "--episodes",
+        "32",
+        "--trajectories",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!((v["success_rate"].as_f64(), v["optimal_success"].as_f64()), (Some(1.0), Some(1.0)), "{v}");
+    assert_eq!(v["return_mean"], 1.0, "{v}");
+    // The answer went to the env as text and was recorded as the action.
+    let first: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&file).unwrap().lines().next().unwrap()).unwrap();
+    let executed = first["turns"][0]["executed"][0].as_str().unwrap();
+    assert!(executed.contains(['+', '-', '*', '/']), "{first}");
+
+    // No uniform random text: the random policy says what to use instead.
+    let out = ragen_host(&["eval", "--env", countdown.to_str().unwrap(), "--policy", "random"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("free text") && text(&out).contains("countdown-solver"), "{}", text(&out));
+}

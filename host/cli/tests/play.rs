@@ -35,3 +35,22 @@ fn the_bandit_is_one_pull() {
     assert!(screen.contains("Phoenix: reward 0.1"), "{screen}");
     assert!(screen.contains("step called after the episode ended"), "a second pull is refused:\n{screen}");
 }
+
+#[test]
+fn a_person_answers_countdown_with_an_expression() {
+    // Seed 3's puzzle, answered once wrongly and once by the solver's
+    // expression (the whole line is the action, `||` and all).
+    let file = plugin("countdown");
+    let (ok, screen) = play(&[file.to_str().unwrap(), "--seed", "3"], "help\nquit\n");
+    assert!(ok, "{screen}");
+    assert!(screen.contains("Type your answer, one arithmetic expression"), "{screen}");
+    let state = screen.lines().find(|l| l.starts_with("Target: ")).expect("the puzzle is shown").to_string();
+    let target: u64 = state["Target: ".len()..state.find(',').unwrap()].parse().unwrap();
+    let nums: Vec<u64> = state[state.find('[').unwrap() + 1..state.len() - 1].split(", ").map(|n| n.parse().unwrap()).collect();
+    let answer = ragen_env_countdown::solver::solve(&nums, target).unwrap();
+    let keys = format!("1 || 2\nreset 3\n{answer}\nquit\n");
+    let (ok, screen) = play(&[file.to_str().unwrap(), "--seed", "3"], &keys);
+    assert!(ok, "{screen}");
+    assert!(screen.contains("1 || 2: reward 0"), "{screen}");
+    assert!(screen.contains(&format!("{answer}: reward 1 ")) && screen.contains("Episode over (solved)"), "{screen}");
+}

@@ -92,3 +92,59 @@ fn a_lora_run_checkpoints_its_adapters_resumes_exactly_and_refuses_another_base(
     assert!(!out.status.success());
     assert!(text(&out).contains("SHA-256") && text(&out).contains("resume with the model it was trained on"), "{}", text(&out));
 }
+
+/// Countdown's action is text: a pretrained model trains a step on it and
+/// eval plays the checkpoint. (That a parsed answer reaches the env as its
+/// action, and is scored, is `tests/tests/agent.rs`'s
+/// `countdown_answers_reach_the_env_as_text`.)
+const COUNTDOWN: &str = r#"
+steps = 1
+val_episodes = 8
+test_freq = 1
+[lora]
+rank = 4
+[rollout]
+env_groups = 2
+group_size = 4
+enable_think = false
+[sampling]
+max_new_tokens = 2
+"#;
+
+#[test]
+fn a_pretrained_model_trains_a_step_on_a_text_env() {
+    let dir = scratch("train-countdown");
+    let model = dir.join("tiny-llama");
+    let _ = std::fs::remove_dir_all(&model);
+    // Whole answers as single tokens, so the 3 new tokens can close the tag.
+    Tiny::with_words(Architecture::Llama, &["1 + 2 + 3</answer>", "7 * 7</answer>"]).write_hf(&model, Dtype::F32);
+    let config = dir.join("countdown.toml");
+    std::fs::write(&config, COUNTDOWN).unwrap();
+    let countdown = plugin("countdown");
+    let run = dir.join("run");
+    let _ = std::fs::remove_dir_all(&run);
+    let args = ["train", "--env", countdown.to_str().unwrap(), "--model", model.to_str().unwrap(), "--config", config.to_str().unwrap()];
+    let out = ragen_host(&[&args[..], &["--out", run.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", text(&out));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let step: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    assert_eq!((step["step"].as_u64(), step["episodes"].as_u64(), step["failed_episodes"].as_u64()), (Some(0), Some(8), Some(0)), "{step}");
+    // Two random tokens of an untrained model never close the answer tag:
+    // every episode earns exactly the format penalty, and no action.
+    assert_eq!((step["format_valid_ratio"].as_f64(), step["valid_action_ratio"].as_f64()), (Some(0.0), Some(0.0)), "{step}");
+    assert!((step["return_mean"].as_f64().unwrap() + 0.1).abs() < 1e-9, "{step}");
+
+    let out =
+        ragen_host(&["eval", "--env", countdown.to_str().unwrap(), "--checkpoint", run.to_str().unwrap(), "--episodes", "8", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["optimal_success"], 1.0, "every generated puzzle is solvable: {v}");
+}
+
+#[test]
+fn training_from_scratch_on_a_text_env_says_to_use_a_pretrained_model() {
+    let run = scratch("train-countdown-scratch").join("run");
+    let out = ragen_host(&["train", "--env", plugin("countdown").to_str().unwrap(), "--steps", "1", "--out", run.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("action is free text") && text(&out).contains("--model"), "{}", text(&out));
+}
