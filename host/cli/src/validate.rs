@@ -494,7 +494,7 @@ impl Validator<'_> {
         let (a, b) = (create(&mut single)?, create(&mut batched)?);
         let mut rng = SeedRng::new(0xba7c);
         let mut seeds: Vec<u64> = (0..ENVS as u64).collect();
-        let mut to_reset = vec![true; ENVS];
+        let mut to_reset = [true; ENVS];
         let mut compared = 0;
         for round in 0..30 {
             self.in_budget()?;
