@@ -322,36 +322,45 @@ struct Generation {
     /// `cuda`/`libtorch` when built with those cargo features.
     #[arg(long, value_enum, default_value = "flex")]
     backend: backend::BackendChoice,
-    /// Sampling temperature (0.5 is the reference's evaluation value).
-    #[arg(long, default_value_t = 0.5)]
-    temperature: f32,
+    /// Sampling temperature [default: 0.5, the reference's evaluation
+    /// value; with `eval --config`, its `[sampling] val_temperature`].
+    #[arg(long)]
+    temperature: Option<f32>,
     /// Draw among the most likely tokens whose probability adds up to this.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
     /// Draw among this many most likely tokens (0: all).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
-    /// The longest reply, in tokens.
-    #[arg(long, default_value_t = 400)]
-    max_new_tokens: usize,
-    /// Replies sampled together.
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
+    /// The longest reply, in tokens [default: 400, the reference's; with
+    /// `eval --config`, its `[sampling] max_new_tokens`].
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
+    /// Replies sampled together [default: 16; with `eval --config`, its
+    /// `[sampling] batch`].
+    #[arg(long)]
+    batch: Option<usize>,
 }
 
 impl Generation {
-    fn sampling(&self) -> Result<ragen_llm::LlmSampling> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            bail!("--temperature {}: use 0 (greedy) or a positive number", self.temperature);
+    /// The sampling the flags give, with a training config's `[sampling]`
+    /// (when one is given) in place of the built-in defaults: an eval under
+    /// a preset samples as that preset's validation does.
+    fn sampling(&self, config: Option<&ragen_learner::SamplingSection>) -> Result<ragen_llm::LlmSampling> {
+        let temperature = self.temperature.unwrap_or(config.map_or(0.5, |c| c.val_temperature as f32));
+        let max_new_tokens = self.max_new_tokens.unwrap_or(config.map_or(400, |c| c.max_new_tokens));
+        let batch = self.batch.unwrap_or(config.map_or(16, |c| c.batch));
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            bail!("temperature {temperature}: use 0 (greedy) or a positive number");
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!("--top-p {}: use a number in (0, 1]", self.top_p);
         }
-        if self.max_new_tokens == 0 || self.batch == 0 {
-            bail!("--max-new-tokens and --batch must be at least 1");
+        if max_new_tokens == 0 || batch == 0 {
+            bail!("max_new_tokens and batch must be at least 1 (--max-new-tokens, --batch or the config's [sampling])");
         }
-        let sampling = ragen_policy::Sampling { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p };
-        Ok(ragen_llm::LlmSampling { sampling, max_new_tokens: self.max_new_tokens, batch: self.batch })
+        let sampling = ragen_policy::Sampling { temperature, top_k: self.top_k, top_p: self.top_p };
+        Ok(ragen_llm::LlmSampling { sampling, max_new_tokens, batch })
     }
 }
 
@@ -456,7 +465,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             train::run(train::Options { env, config, steps, seed, out, backend, resume, algo, model, settings: settings.parse()? })?;
         }
         Command::Chat { model, prompt, system, raw, seed, generation } => {
-            let g = generation.sampling()?;
+            let g = generation.sampling(None)?;
             let opts = chat::Options { model, prompt, system, raw, max_new_tokens: g.max_new_tokens, sampling: g.sampling, seed };
             backend::with_backend!(inference generation.backend, B, device => chat::chat::<B>(opts, device)?);
         }
@@ -468,18 +477,22 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// `eval`: the agent config from --config or the checkpoint's run, then
 /// the evaluation.
 fn eval_command(a: EvalArgs) -> Result<()> {
-    let mut config = match (&a.config, &a.checkpoint) {
-        // A training config is a superset: its [rollout], [prompt] and [env] apply.
-        (Some(path), _) => ragen_learner::TrainConfig::load(path)?.agent,
+    let (mut config, sampling) = match (&a.config, &a.checkpoint) {
+        // A training config is a superset: its [rollout], [prompt], [env]
+        // and a pretrained model's [sampling] apply.
+        (Some(path), _) => {
+            let c = ragen_learner::TrainConfig::load(path)?;
+            (c.agent, Some(c.sampling))
+        }
         // A trained policy is evaluated under the prompts and settings it trained with.
-        (None, Some(path)) => ragen_learner::TrainConfig::load(&ragen_learner::find_checkpoint(path)?.0.config())?.agent,
-        (None, None) => ragen_agent::AgentConfig::default(),
+        (None, Some(path)) => (ragen_learner::TrainConfig::load(&ragen_learner::find_checkpoint(path)?.0.config())?.agent, None),
+        (None, None) => (ragen_agent::AgentConfig::default(), None),
     };
     if a.no_think {
         config.rollout.enable_think = false;
     }
     let model = match a.model {
-        Some(path) => Some(eval::ModelOptions { path, backend: a.generation.backend, sampling: a.generation.sampling()? }),
+        Some(path) => Some(eval::ModelOptions { path, backend: a.generation.backend, sampling: a.generation.sampling(sampling.as_ref())? }),
         None => None,
     };
     let opts = eval::Options {

@@ -37,7 +37,8 @@ use wasmtime::{Cache, CacheConfig};
 /// let first = Plugin::from_bytes_cached(&bytes, "bandit", SandboxLimits::default(), &cache)?;
 /// let second = Plugin::from_bytes_cached(&bytes, "bandit", SandboxLimits::default(), &cache)?;
 /// assert_eq!((first.from_cache(), second.from_cache()), (false, true));
-/// # std::fs::remove_dir_all(dir)?;
+/// # // Best effort: wasmtime's cache worker may still be writing its stats.
+/// # let _ = std::fs::remove_dir_all(dir);
 /// # Ok::<(), anyhow::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
