@@ -88,3 +88,29 @@ def test_bad_input_is_a_python_error_that_names_it(plugin):
         vec.step([0])
     with pytest.raises(TypeError, match="an action is an int"):
         vec.step([0.5, 1.5])
+
+
+def test_the_vector_env_reports_exactly_what_the_rust_pool_returns(plugin):
+    """VectorEnv against the native core it wraps (`_core.Pool`, the Rust
+    EnvPool with no Gymnasium layer): the same seeds and actions give the same
+    observations, rewards, flags, metrics and autoreset seeds."""
+    from ragen_envs._core import Pool
+
+    n, path = 12, plugin("sokoban")
+    vec = ragen_envs.make(path, num_envs=n, threads=2, envs_per_instance=4)
+    pool = Pool(path, n, 2, 4, True, [])
+    ids = list(range(n))
+    obs, _ = vec.reset(seed=40)
+    assert list(obs) == pool.reset(ids, [40 + i for i in ids])[0]
+    rng = np.random.default_rng(1)
+    for t in range(60):
+        actions = rng.integers(0, 4, size=n)
+        obs, rewards, terminated, _, infos = vec.step(actions)
+        raw = pool.step(ids, actions.tolist())
+        assert list(obs) == raw["observations"], t
+        assert rewards.tolist() == np.frombuffer(raw["rewards"], dtype="<f8").tolist(), t
+        assert terminated.tolist() == [bool(x) for x in raw["dones"]], t
+        assert infos["autoreset_seed"].tolist() == np.frombuffer(raw["autoreset_seed"], dtype="<u8").tolist(), t
+        # NaN (no measurement) on autoreset steps, in both.
+        np.testing.assert_array_equal(infos["boxes_on_target"], np.frombuffer(raw["metrics"], dtype="<f8"), err_msg=str(t))
+        assert np.isnan(infos["boxes_on_target"][infos["autoreset"]]).all()
