@@ -27,8 +27,9 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from ._core import EnvFailureError, Pool
+from ._core import Rollouts as _Rollouts
 
-__all__ = ["Env", "EnvFailureError", "VectorEnv", "make", "TextSpace"]
+__all__ = ["Env", "EnvFailureError", "Rollouts", "VectorEnv", "make", "TextSpace"]
 
 #: The largest observation the sandbox lets through (64 KiB).
 MAX_OBSERVATION_CHARS = 64 << 10
@@ -211,3 +212,33 @@ def make(path: Union[str, os.PathLike], num_envs: int = 1, threads: Optional[int
     (``ragen-host inspect PATH`` lists them), e.g. ``dim_x=8``.
     """
     return VectorEnv(path, num_envs=num_envs, threads=threads, envs_per_instance=envs_per_instance, autoreset=autoreset, **config)
+
+
+class Rollouts:
+    """RAGEN's agent loop over one plugin: prompts rendered from the plugin,
+    replies parsed as the reference parses them, actions executed in a
+    batched pool; ``group_size`` envs per group share a seed.
+
+    ``run(policy, group_seeds)`` returns one JSON line per trajectory, the
+    format ``ragen-host eval --trajectories`` writes (full text, turns,
+    rewards, failures). ``policy`` is ``"random"`` or a callable that takes a
+    list of contexts (dicts: ``messages`` as ``(role, text)`` pairs,
+    ``prefill``, ``observation``, ``actions``, ``max_actions``) and returns one
+    reply per context: the text after the pre-fill, e.g.
+    ``"Push it.</think><answer>Right</answer>"``.
+
+    ``config``: a TOML file with ``[rollout]``, ``[prompt]``, ``[env]`` and
+    ``[sandbox]`` (what ``ragen-host eval --config`` reads); ``**config``
+    settings win over its ``[env]``.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], env_groups: int = 8, group_size: int = 16,
+                 threads: Optional[int] = None, config: Optional[Union[str, os.PathLike]] = None, **settings: Any):
+        text = None if config is None else open(config, encoding="utf-8").read()
+        self.group_size = group_size
+        self._core = _Rollouts(os.fspath(path), env_groups, group_size, threads or os.cpu_count() or 1, text, _settings(settings))
+
+    def run(self, policy: Any, group_seeds: Sequence[int], first_group: int = 0) -> list:
+        """Trajectories of ``group_seeds`` (at most ``env_groups``), as JSON
+        lines, groups numbered from ``first_group``."""
+        return self._core.run(policy, [int(s) for s in group_seeds], first_group)

@@ -34,3 +34,11 @@ class Pool:
         """Step env ids[i] with actions[i] (an id, or text)."""
     def step_ids(self, actions: bytes) -> Batch:
         """Step every env with action ids given as a little-endian u32 buffer."""
+
+class Rollouts:
+    """The agent loop over one plugin's envs, with a Python policy."""
+
+    def __init__(self, path: str, env_groups: int, group_size: int, threads: int, config: Optional[str],
+                 settings: Sequence[tuple[str, str]]) -> None: ...
+    def run(self, policy: object, group_seeds: Sequence[int], first_group: int = 0) -> list[str]:
+        """Trajectories as JSON lines; policy is "random" or a callable (list of contexts -> list of replies)."""

@@ -12,6 +12,8 @@ use pyo3::types::{PyDict, PyList};
 use ragen_runtime::{Action, ActionSpace, EnvFailure, EnvPool, EnvSpec, Plugin, PluginInfo, PoolConfig, PoolStep, StepInfo};
 use std::sync::Arc;
 
+mod rollouts;
+
 pyo3::create_exception!(
     _core,
     EnvFailureError,
@@ -221,6 +223,7 @@ impl Pool {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Pool>()?;
+    m.add_class::<rollouts::Rollouts>()?;
     m.add("EnvFailureError", m.py().get_type::<EnvFailureError>())?;
     Ok(())
 }
