@@ -222,8 +222,9 @@ class Rollouts:
     ``run(policy, group_seeds)`` returns one JSON line per trajectory, the
     format ``ragen-host eval --trajectories`` writes (full text, turns,
     rewards, failures). ``policy`` is ``"random"`` or a callable that takes a
-    list of contexts (dicts: ``messages`` as ``(role, text)`` pairs,
-    ``prefill``, ``observation``, ``actions``, ``max_actions``) and returns one
+    list of contexts (dicts: ``env``, the env's index in this call and the
+    same on every turn; ``messages`` as ``(role, text)`` pairs; ``prefill``,
+    ``observation``, ``actions``, ``max_actions``) and returns one
     reply per context: the text after the pre-fill, e.g.
     ``"Push it.</think><answer>Right</answer>"``.
 

@@ -21,6 +21,8 @@ pub struct Rollouts {
 
 /// A Python callable as a [`Policy`]: it receives the contexts of one turn
 /// as dicts and returns one reply (the text after the pre-fill) for each.
+/// `env` in a context is the env's index in the call (group-major), the
+/// same on every turn.
 struct PyPolicy(Py<PyAny>);
 
 fn role(r: Role) -> &'static str {
@@ -37,6 +39,7 @@ impl PyPolicy {
         for c in contexts {
             let d = PyDict::new(py);
             let messages: Vec<(&str, &str)> = c.messages.iter().map(|m| (role(m.role), m.text)).collect();
+            d.set_item("env", c.env)?;
             d.set_item("messages", messages)?;
             d.set_item("prefill", c.prefill)?;
             d.set_item("observation", c.observation)?;

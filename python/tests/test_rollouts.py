@@ -25,6 +25,7 @@ def test_rollouts_write_evals_trajectories_with_a_python_policy(plugin):
     assert len(ts) == 6 and [t["group"] for t in ts] == [5, 5, 5, 6, 6, 6] and [t["env"] for t in ts] == list(range(15, 21))
     assert [t["seed"] for t in ts] == [123] * 3 + [124] * 3
     c = seen[0]
+    assert [x["env"] for x in seen[:6]] == list(range(6)), "turn 1: every env, in order"
     assert c["prefill"] == "<think>" and c["actions"] == ["Up", "Down", "Left", "Right"]
     assert c["messages"][0][0] == "system" and "Turn 1:" in c["messages"][-1][1]
     assert ts[0]["turns"][0]["executed"][:2] == ["Right", "Down"], ts[0]["turns"][0]

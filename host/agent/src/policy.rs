@@ -59,6 +59,9 @@ pub struct Message<'a> {
 /// What a policy sees for one env this turn.
 #[derive(Clone, Debug)]
 pub struct Context<'a> {
+    /// Which env of the rollout this is, the same on every turn, so a
+    /// policy can keep per-env state (a trainer's token ids, a cache).
+    pub env: usize,
     /// The conversation so far, ending with the user's turn message.
     pub messages: Vec<Message<'a>>,
     /// The reply starts with this (`<think>` or `<answer>`); the policy

@@ -228,6 +228,7 @@ impl RolloutRunner {
         let contexts: Vec<Context<'_>> = active
             .iter()
             .map(|&i| Context {
+                env: i,
                 messages: visible(&live[i].segments, self.config.max_context_window)
                     .map(|s| Message { role: s.role, text: &s.text })
                     .collect(),

@@ -340,6 +340,7 @@ pub fn policy<B: burn::tensor::backend::AutodiffBackend>(
         let observation = inst.reset(env, seed)?.map_err(|e| anyhow!("reset failed: {}", e.message))?;
         let user = prompts.first_user(&observation, limits.max_actions_per_traj);
         let context = Ctx {
+            env: 0,
             messages: vec![Message { role: Role::System, text: &system }, Message { role: Role::User, text: &user }],
             prefill: prompts.prefill(),
             observation: &observation,
@@ -383,6 +384,7 @@ pub fn llm<B: burn::tensor::backend::AutodiffBackend>(
         let observation = inst.reset(env, seed)?.map_err(|e| anyhow!("reset failed: {}", e.message))?;
         let user = prompts.first_user(&observation, limits.max_actions_per_traj);
         let context = Ctx {
+            env: 0,
             messages: vec![Message { role: Role::System, text: &system }, Message { role: Role::User, text: &user }],
             prefill: prompts.prefill(),
             observation: &observation,
