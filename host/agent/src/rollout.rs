@@ -110,12 +110,7 @@ impl RolloutRunner {
         if config.max_context_window == Some(0) {
             bail!("max_context_window 0: use at least 1 (the current turn), or leave it out to keep the whole conversation");
         }
-        let (info, spec) = {
-            let mut inst = plugin.instantiate()?;
-            let info = inst.info()?;
-            let env = inst.create(settings)?.map_err(|e| anyhow::anyhow!("the plugin rejected the settings: {}", e.message))?;
-            (info, inst.spec(env)?)
-        };
+        let (info, spec) = plugin.describe(settings)?;
         let limits = config.limits(&spec);
         let pool_config =
             PoolConfig { threads, settings: settings.to_vec(), autoreset: false, ..PoolConfig::new(config.env_groups * config.group_size) };

@@ -7,6 +7,7 @@ mod dashboard;
 mod eval;
 mod inspect;
 mod play;
+mod serve;
 mod shipped;
 mod solver;
 mod term;
@@ -252,6 +253,15 @@ enum Command {
         #[command(flatten)]
         generation: Generation,
     },
+    /// Serve a plugin to trainers elsewhere, speaking OpenEnv's protocol:
+    /// one episode per WebSocket session at /ws (JSON frames reset, step,
+    /// state, close), stateless HTTP /reset and /step, /schema, /metadata,
+    /// /health and Prometheus /metrics. Sessions are envs of one pool; a
+    /// plugin fault fails only its session's episode. Example: `ragen-host
+    /// serve target/plugins/sokoban.wasm --port 8000`, then from Python
+    /// (openenv-core): `GenericEnvClient(base_url="http://127.0.0.1:8000")`.
+    /// See docs/serve.md.
+    Serve(serve::ServeArgs),
     /// Play a policy on fixed seeds (default: 256 seeds from 123, one
     /// episode each, as the reference evaluates) and report success, return,
     /// valid- and effective-action ratios, and the optimal policy's success
@@ -457,6 +467,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
+        Command::Serve(args) => serve::run(args)?,
         Command::Compare { runs, out } => {
             dashboard::compare_runs(&runs, &out)?;
             eprintln!("wrote {}", out.display());

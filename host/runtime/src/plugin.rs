@@ -1,6 +1,7 @@
 //! A plugin: checked and compiled once, instantiated many times.
 
 use crate::IntoAnyhow;
+use crate::bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo};
 use crate::bindings::exports::ragen::env::{batch, environment};
 use crate::cache::CompileCache;
 use crate::contract::{self, ContractVersion};
@@ -126,6 +127,16 @@ impl Plugin {
         let environment = self.environment.load(&mut store, &instance).anyhow().with_context(fail)?;
         let batch = self.batch.as_ref().map(|b| b.load(&mut store, &instance)).transpose().anyhow().with_context(fail)?;
         Ok(PluginInstance::new(store, environment, batch, self.limits.clone()))
+    }
+
+    /// What the plugin says about itself and about an env made with
+    /// `settings`: its info and that env's spec, from a throwaway instance.
+    /// Fails, naming the plugin, when it rejects the settings or faults.
+    pub fn describe(&self, settings: &[(String, String)]) -> Result<(PluginInfo, EnvSpec)> {
+        let mut inst = self.instantiate()?;
+        let info = inst.info()?;
+        let env = inst.create(settings)?.map_err(|e| anyhow::anyhow!("plugin `{}` rejected the settings: {}", self.source, e.message))?;
+        Ok((info, inst.spec(env)?))
     }
 
     /// The limits every instance runs under.

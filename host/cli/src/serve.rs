@@ -1,0 +1,130 @@
+//! `ragen-host serve`: a plugin behind the OpenEnv-compatible server of
+//! `ragen-serve`, with logs, signals and the command line's limits.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use ragen_runtime::{Plugin, SandboxLimits};
+use ragen_serve::{ServeConfig, Server};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::info;
+
+/// `serve`'s arguments.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The environment plugin, e.g. target/plugins/sokoban.wasm
+    file: PathBuf,
+    /// The address to listen on. Only this machine can connect unless you
+    /// name another (e.g. 0.0.0.0): then set --token-file too.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// The port to listen on (0 picks a free one and logs it).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Sessions at once (the pool holds one env per session); beyond it a
+    /// new session or HTTP call gets 503.
+    #[arg(long, default_value_t = 1024)]
+    max_sessions: usize,
+    /// Close a WebSocket session that sends nothing for this long.
+    #[arg(long, default_value_t = 300.0, value_name = "SECONDS")]
+    idle_timeout: f64,
+    /// The largest HTTP body or WebSocket message accepted (413 or close
+    /// code 1009 beyond it).
+    #[arg(long, default_value_t = 64 * 1024, value_name = "BYTES")]
+    max_request_bytes: usize,
+    /// The largest observation a plugin may return; a longer one fails
+    /// that session's episode with an error naming the size.
+    #[arg(long, default_value_t = 64 * 1024, value_name = "BYTES")]
+    max_observation_bytes: usize,
+    /// A file holding a bearer token (its first line); every request must
+    /// then send `Authorization: Bearer <token>`.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// The first seed given to a reset that names none (then counting up).
+    #[arg(long, default_value_t = 0)]
+    seed_start: u64,
+    /// The pool's worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Envs sharing one plugin instance.
+    #[arg(long, default_value_t = 64)]
+    envs_per_instance: usize,
+    /// Time budget for one call into the plugin (a call over it fails that
+    /// session's episode as a timeout).
+    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    call_timeout_ms: u64,
+    /// Memory cap per plugin instance.
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    memory_mib: usize,
+    /// Log one JSON object per line instead of text.
+    #[arg(long)]
+    log_json: bool,
+    #[command(flatten)]
+    settings: crate::Settings,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    init_logs(args.log_json);
+    if !args.idle_timeout.is_finite() || args.idle_timeout <= 0.0 {
+        bail!("--idle-timeout {}: use a positive number of seconds", args.idle_timeout);
+    }
+    let token = args.token_file.as_deref().map(read_token).transpose()?;
+    let limits = SandboxLimits {
+        call_timeout: Duration::from_millis(args.call_timeout_ms),
+        memory_bytes: args.memory_mib << 20,
+        max_observation_bytes: args.max_observation_bytes,
+        ..SandboxLimits::default()
+    };
+    let plugin = Arc::new(Plugin::from_file_with(&args.file, limits)?);
+    let config = ServeConfig {
+        max_sessions: args.max_sessions,
+        threads: crate::default_threads(args.threads),
+        envs_per_instance: args.envs_per_instance,
+        settings: args.settings.parse()?,
+        idle_timeout: Duration::from_secs_f64(args.idle_timeout),
+        max_request_bytes: args.max_request_bytes,
+        token,
+        seed_start: args.seed_start,
+        ..ServeConfig::default()
+    };
+    let sessions = config.max_sessions;
+    let server = Server::new(plugin, config)?;
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{} (is the port in use? --port picks another)", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        info!(%addr, plugin = %args.file.display(), max_sessions = sessions, "serving; Ctrl-C or SIGTERM stops");
+        // Read by scripts and tests that start the server on port 0.
+        println!("listening on http://{addr}");
+        let stop = server.shutdown_token();
+        tokio::spawn(async move {
+            ragen_serve::shutdown_signal().await;
+            info!("stopping: in-flight calls finish, new ones are refused");
+            stop.cancel();
+        });
+        server.serve(listener).await
+    })?;
+    info!("stopped");
+    Ok(())
+}
+
+fn read_token(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --token-file {}", path.display()))?;
+    let token = text.lines().next().unwrap_or_default().trim().to_string();
+    if token.is_empty() {
+        bail!("--token-file {}: the first line is empty; put the token there", path.display());
+    }
+    Ok(token)
+}
+
+/// Logs to stderr at `info` (RUST_LOG overrides), as text or JSON lines.
+fn init_logs(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+}

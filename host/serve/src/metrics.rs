@@ -1,0 +1,107 @@
+//! `/metrics`: the server's counters in Prometheus' text format.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Every number the server reports. Counters are exposed with `_total`.
+pub struct Metrics {
+    registry: Registry,
+    /// Sessions open now.
+    pub sessions_active: Gauge,
+    /// Sessions opened since the start.
+    pub sessions_opened: Counter,
+    /// Sessions closed for being idle longer than `--idle-timeout`.
+    pub sessions_reaped: Counter,
+    /// Requests turned away, by reason: `capacity`, `unauthorized`,
+    /// `shutting_down`, `too_large`.
+    rejected: Family<Labels, Counter>,
+    pub resets: Counter,
+    pub steps: Counter,
+    /// Env failures, by kind (`trap`, `timeout`, `memory-cap`, …).
+    faults: Family<Labels, Counter>,
+    /// Seconds from a step's arrival to its answer, as the server sees it.
+    pub step_latency: Histogram,
+    /// Calls gathered into one pool batch.
+    pub batch_size: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let m = Self {
+            registry: Registry::with_prefix("ragen_serve"),
+            sessions_active: Gauge::default(),
+            sessions_opened: Counter::default(),
+            sessions_reaped: Counter::default(),
+            rejected: Family::default(),
+            resets: Counter::default(),
+            steps: Counter::default(),
+            faults: Family::default(),
+            // 10 µs to about 5 s.
+            step_latency: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
+        };
+        m.register()
+    }
+
+    fn register(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register("sessions_active", "Sessions open now", self.sessions_active.clone());
+        r.register("sessions_opened", "Sessions opened since the server started", self.sessions_opened.clone());
+        r.register("sessions_reaped", "Sessions closed for being idle", self.sessions_reaped.clone());
+        r.register("rejected", "Requests turned away, by reason", self.rejected.clone());
+        r.register("resets", "Env resets", self.resets.clone());
+        r.register("steps", "Env steps", self.steps.clone());
+        r.register("faults", "Env failures (the episode ended with an error), by kind", self.faults.clone());
+        r.register("step_latency_seconds", "Time from a step's arrival to its answer", self.step_latency.clone());
+        r.register("batch_size", "Calls gathered into one pool batch", self.batch_size.clone());
+        self
+    }
+
+    pub fn reject(&self, reason: &str) {
+        self.rejected.get_or_create(&vec![("reason", reason.to_string())]).inc();
+    }
+
+    pub fn fault(&self, kind: &str) {
+        self.faults.get_or_create(&vec![("kind", kind.to_string())]).inc();
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let m = Metrics::new();
+        m.steps.inc_by(3);
+        m.reject("capacity");
+        m.fault("trap");
+        m.step_latency.observe(0.001);
+        let text = m.render();
+        assert!(text.contains("ragen_serve_steps_total 3"), "{text}");
+        assert!(text.contains("ragen_serve_rejected_total{reason=\"capacity\"} 1"), "{text}");
+        assert!(text.contains("ragen_serve_faults_total{kind=\"trap\"} 1"), "{text}");
+        assert!(text.contains("ragen_serve_step_latency_seconds_count 1"), "{text}");
+        assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    }
+}

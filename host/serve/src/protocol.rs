@@ -1,0 +1,361 @@
+//! The wire format: OpenEnv's messages (openenv-core 0.3.0), carrying a
+//! plugin's observations, actions and episode state.
+//!
+//! Over `/ws` a client sends JSON text frames `{"type": …, "data": …}` and
+//! gets one frame back for each (none for `close`):
+//!
+//! | client sends | server answers |
+//! |---|---|
+//! | `{"type":"reset","data":{"seed":7,"episode_id":"e1"}}` (data optional) | `{"type":"observation","data":{"observation":{…},"reward":null,"done":false}}` |
+//! | `{"type":"step","data":{"action":"Up"}}` | `{"type":"observation","data":{"observation":{…},"reward":-0.1,"done":false}}` |
+//! | `{"type":"state"}` | `{"type":"state","data":{"episode_id":"e1","step_count":1,…}}` |
+//! | `{"type":"close"}` | (the socket closes) |
+//! | anything wrong | `{"type":"error","data":{"message":…,"code":…}}`, the socket stays open |
+//!
+//! The HTTP routes carry the same `data` objects as bodies.
+//!
+//! An action is `{"action": NAME}` (case-insensitive) or `{"action": ID}`
+//! for an env with action names, `{"action": TEXT}` for a text env; a
+//! `metadata` object is accepted and ignored, as OpenEnv's `Action` has one.
+//! The observation holds the plugin's text and its step info.
+
+use ragen_runtime::{Action, ActionSpace, EnvSpec, PluginInfo, PoolStep};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+/// Error codes, named as OpenEnv's `WSErrorCode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// The frame is not JSON.
+    InvalidJson,
+    /// `type` is missing or not one of reset, step, state, close, mcp.
+    UnknownType,
+    /// The message or its action does not have the expected shape.
+    ValidationError,
+    /// The env could not do it: a plugin fault, an episode that is over.
+    ExecutionError,
+    /// The server holds as many sessions as it may.
+    CapacityReached,
+    /// The session cannot go on (a binary frame, a shutdown).
+    SessionError,
+}
+
+/// A request the server refuses, with what to do instead.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProtocolError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ProtocolError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+
+    fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::ValidationError, message)
+    }
+
+    /// The `/ws` error frame.
+    pub fn frame(&self) -> String {
+        json!({"type": "error", "data": {"message": self.message, "code": self.code}}).to_string()
+    }
+}
+
+/// `reset`'s arguments. Without a seed the server picks the next of its
+/// own counter; without an episode id it makes one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResetArgs {
+    pub seed: Option<u64>,
+    pub episode_id: Option<String>,
+}
+
+/// One decoded `/ws` message.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClientMessage {
+    Reset(ResetArgs),
+    Step(Action),
+    State,
+    Close,
+    /// A JSON-RPC request for OpenEnv's MCP tools, which plugins do not have.
+    Mcp(Value),
+}
+
+/// The longest episode id accepted, as OpenEnv's `ResetRequest`.
+pub const MAX_EPISODE_ID: usize = 255;
+
+/// Decode a `/ws` text frame.
+pub fn parse_message(text: &str, actions: &ActionParser) -> Result<ClientMessage, ProtocolError> {
+    let value: Value = serde_json::from_str(text).map_err(|e| ProtocolError::new(ErrorCode::InvalidJson, format!("Invalid JSON: {e}")))?;
+    let Value::Object(mut message) = value else {
+        return Err(ProtocolError::invalid(
+            "a message is a JSON object: {\"type\": \"reset\" | \"step\" | \"state\" | \"close\", \"data\": {…}}",
+        ));
+    };
+    let kind = match message.remove("type") {
+        Some(Value::String(kind)) => kind,
+        _ => String::new(),
+    };
+    if let Some(extra) = message.keys().find(|k| *k != "data") {
+        return Err(ProtocolError::invalid(format!("unknown field `{extra}`: a message has only `type` and `data`")));
+    }
+    let data = message.remove("data");
+    match kind.as_str() {
+        "reset" => match data {
+            None | Some(Value::Null) => Ok(ClientMessage::Reset(ResetArgs::default())),
+            Some(Value::Object(args)) => parse_reset(&args).map(ClientMessage::Reset),
+            Some(_) => Err(ProtocolError::invalid("reset's `data` is an object, e.g. {\"seed\": 7}")),
+        },
+        "step" => match data {
+            Some(Value::Object(action)) => actions.parse(&action).map(ClientMessage::Step),
+            None => Err(ProtocolError::invalid(format!("step needs `data`, the action, e.g. {}", actions.example()))),
+            Some(_) => Err(ProtocolError::invalid(format!("step's `data` is an object, e.g. {}", actions.example()))),
+        },
+        "state" if data.is_some() => Err(ProtocolError::invalid("state takes no `data`")),
+        "state" => Ok(ClientMessage::State),
+        "close" => Ok(ClientMessage::Close),
+        "mcp" => Ok(ClientMessage::Mcp(data.unwrap_or(Value::Null))),
+        other => Err(ProtocolError::new(
+            ErrorCode::UnknownType,
+            format!("Unknown message type: {other} (expected reset, step, state, close or mcp)"),
+        )),
+    }
+}
+
+/// `reset`'s `data` (or the HTTP `/reset` body): `seed` and `episode_id`.
+pub fn parse_reset(args: &Map<String, Value>) -> Result<ResetArgs, ProtocolError> {
+    let mut out = ResetArgs::default();
+    for (key, value) in args {
+        match (key.as_str(), value) {
+            (_, Value::Null) => {}
+            ("seed", v) => {
+                out.seed =
+                    Some(v.as_u64().ok_or_else(|| ProtocolError::invalid(format!("seed must be an integer from 0 to 2^64-1, not {v}")))?)
+            }
+            ("episode_id", Value::String(id)) if id.len() <= MAX_EPISODE_ID => out.episode_id = Some(id.clone()),
+            ("episode_id", _) => {
+                return Err(ProtocolError::invalid(format!("episode_id must be a string of at most {MAX_EPISODE_ID} bytes")));
+            }
+            (other, _) => {
+                return Err(ProtocolError::invalid(format!(
+                    "reset takes `seed` and `episode_id`, not `{other}` (env settings are fixed when the server starts: --set KEY=VALUE)"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Turns a step's `data` into a plugin action, by the env's action space.
+#[derive(Clone, Debug)]
+pub struct ActionParser {
+    names: Vec<String>,
+    /// `Some(max bytes)` for a text env.
+    text_max: Option<u32>,
+}
+
+impl ActionParser {
+    pub fn new(spec: &EnvSpec) -> Self {
+        match &spec.action_space {
+            ActionSpace::Names(names) => Self { names: names.clone(), text_max: None },
+            ActionSpace::Text(t) => Self { names: Vec::new(), text_max: Some(t.max_bytes) },
+        }
+    }
+
+    /// A valid action, for messages.
+    pub fn example(&self) -> String {
+        match self.names.first() {
+            Some(name) => json!({"action": name}).to_string(),
+            None => json!({"action": "your answer"}).to_string(),
+        }
+    }
+
+    /// `{"action": …}` with an optional `metadata` object.
+    pub fn parse(&self, data: &Map<String, Value>) -> Result<Action, ProtocolError> {
+        if let Some(extra) = data.keys().find(|k| *k != "action" && *k != "metadata") {
+            return Err(ProtocolError::invalid(format!("unknown field `{extra}` in the action; send {}", self.example())));
+        }
+        match data.get("action") {
+            None => Err(ProtocolError::invalid(format!("the action is missing; send {}", self.example()))),
+            Some(value) => self.action(value),
+        }
+    }
+
+    fn action(&self, value: &Value) -> Result<Action, ProtocolError> {
+        if let Some(max) = self.text_max {
+            return match value {
+                Value::String(text) if text.len() <= max as usize => Ok(Action::Text(text.clone())),
+                Value::String(text) => {
+                    Err(ProtocolError::invalid(format!("the action is {} bytes; this env takes at most {max}", text.len())))
+                }
+                other => Err(ProtocolError::invalid(format!("this env takes text actions (a string), not {other}"))),
+            };
+        }
+        let n = self.names.len();
+        match value {
+            Value::String(name) => match self.names.iter().position(|a| a.eq_ignore_ascii_case(name.trim())) {
+                Some(id) => Ok(Action::Id(id as u32)),
+                None => Err(ProtocolError::invalid(format!("unknown action `{name}`; this env's actions: {}", self.names.join(", ")))),
+            },
+            Value::Number(id) => match id.as_u64() {
+                Some(id) if (id as usize) < n => Ok(Action::Id(id as u32)),
+                _ => Err(ProtocolError::invalid(format!(
+                    "action id {id} is out of range: this env has {n} actions, 0 to {}",
+                    n.saturating_sub(1)
+                ))),
+            },
+            other => Err(ProtocolError::invalid(format!(
+                "an action is a name or an id, not {other}; this env's actions: {}",
+                self.names.join(", ")
+            ))),
+        }
+    }
+
+    /// The JSON schema of an action, for `/schema`.
+    pub fn schema(&self) -> Value {
+        let action = match self.text_max {
+            Some(max) => json!({"type": "string", "maxLength": max, "description": "the answer, as free text"}),
+            None => json!({"anyOf": [
+                {"type": "string", "enum": self.names, "description": "an action name (case-insensitive)"},
+                {"type": "integer", "minimum": 0, "maximum": self.names.len().saturating_sub(1), "description": "an action id"},
+            ]}),
+        };
+        json!({
+            "title": "RagenAction",
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "action": action,
+                "metadata": {"type": "object", "additionalProperties": true, "description": "accepted and ignored"},
+            },
+            "required": ["action"],
+        })
+    }
+}
+
+/// The body of a reset or step reply: `{"observation": {…}, "reward", "done"}`.
+/// A reset has `reward: null`, as OpenEnv's.
+pub fn observation(step: &PoolStep, metric_names: &[String], reset: bool) -> Value {
+    let metrics: Map<String, Value> = metric_names.iter().cloned().zip(step.info.metrics.iter().map(|&m| json!(m))).collect();
+    json!({
+        "observation": {
+            "text": step.observation,
+            "success": step.info.success,
+            "action_is_valid": step.info.action_is_valid,
+            "action_is_effective": step.info.action_is_effective,
+            "metrics": metrics,
+        },
+        "reward": if reset { Value::Null } else { json!(step.reward) },
+        "done": step.done,
+    })
+}
+
+/// `/schema`: JSON schemas of the action, the observation and the state.
+pub fn schema(actions: &ActionParser) -> Value {
+    json!({
+        "action": actions.schema(),
+        "observation": {
+            "title": "RagenObservation",
+            "type": "object",
+            "properties": {
+                "text": {"type": "string", "description": "the state as the plugin renders it"},
+                "success": {"type": "boolean"},
+                "action_is_valid": {"type": "boolean"},
+                "action_is_effective": {"type": "boolean"},
+                "metrics": {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
+            },
+        },
+        "state": {
+            "title": "RagenState",
+            "type": "object",
+            "additionalProperties": true,
+            "properties": {
+                "episode_id": {"type": ["string", "null"]},
+                "step_count": {"type": "integer", "minimum": 0},
+                "seed": {"type": ["integer", "null"], "minimum": 0},
+                "done": {"type": "boolean"},
+                "success": {"type": "boolean"},
+                "total_reward": {"type": "number"},
+            },
+        },
+    })
+}
+
+/// `/metadata`, as OpenEnv's `EnvironmentMetadata`; the README is the
+/// env's instructions.
+pub fn metadata(info: &PluginInfo, spec: &EnvSpec) -> Value {
+    json!({
+        "name": info.name,
+        "description": info.description,
+        "readme_content": spec.instructions,
+        "version": info.version,
+        "author": null,
+        "documentation_url": null,
+    })
+}
+
+/// The answer to a JSON-RPC request on `/mcp`: plugins have no MCP tools.
+pub fn mcp_unsupported(request: &Value) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "id": request.get("id").cloned().unwrap_or(Value::Null),
+        "error": {"code": -32603, "message": "this environment does not support MCP (ragen plugins have no tools)", "data": null},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> ActionParser {
+        ActionParser { names: vec!["Up".into(), "Down".into()], text_max: None }
+    }
+
+    #[test]
+    fn messages_decode_as_openenv_sends_them() {
+        let p = names();
+        let reset = parse_message(r#"{"type": "reset", "data": {"seed": 42, "episode_id": "ep-1"}}"#, &p).unwrap();
+        assert_eq!(reset, ClientMessage::Reset(ResetArgs { seed: Some(42), episode_id: Some("ep-1".into()) }));
+        assert_eq!(parse_message(r#"{"type":"reset"}"#, &p).unwrap(), ClientMessage::Reset(ResetArgs::default()));
+        assert_eq!(parse_message(r#"{"type":"step","data":{"action":"down"}}"#, &p).unwrap(), ClientMessage::Step(Action::Id(1)));
+        assert_eq!(parse_message(r#"{"type":"step","data":{"action":0,"metadata":{}}}"#, &p).unwrap(), ClientMessage::Step(Action::Id(0)));
+        assert_eq!(parse_message(r#"{"type":"state"}"#, &p).unwrap(), ClientMessage::State);
+        assert_eq!(parse_message(r#"{"type":"close"}"#, &p).unwrap(), ClientMessage::Close);
+    }
+
+    #[test]
+    fn bad_messages_get_openenv_codes_and_say_what_to_send() {
+        let p = names();
+        let code = |text: &str| parse_message(text, &p).unwrap_err();
+        assert_eq!(code("not json{").code, ErrorCode::InvalidJson);
+        assert_eq!(code(r#"{"type":"frobnicate"}"#).code, ErrorCode::UnknownType);
+        assert_eq!(code(r#"{"data":{}}"#).code, ErrorCode::UnknownType);
+        assert_eq!(code(r#"{"type":"state","data":{}}"#).code, ErrorCode::ValidationError);
+        assert_eq!(code(r#"{"type":"step"}"#).code, ErrorCode::ValidationError);
+        assert_eq!(code(r#"{"type":"step","data":{"action":"Up"},"extra":1}"#).code, ErrorCode::ValidationError);
+        let unknown = code(r#"{"type":"step","data":{"action":"Jump"}}"#);
+        assert!(unknown.message.contains("unknown action `Jump`; this env's actions: Up, Down"), "{}", unknown.message);
+        let range = code(r#"{"type":"step","data":{"action":2}}"#);
+        assert!(range.message.contains("0 to 1"), "{}", range.message);
+        let seed = code(r#"{"type":"reset","data":{"seed":-1}}"#);
+        assert!(seed.message.contains("seed must be an integer"), "{}", seed.message);
+        let key = code(r#"{"type":"reset","data":{"difficulty":"hard"}}"#);
+        assert!(key.message.contains("not `difficulty`") && key.message.contains("--set"), "{}", key.message);
+    }
+
+    #[test]
+    fn text_actions_are_strings_up_to_the_limit() {
+        let p = ActionParser { names: vec![], text_max: Some(8) };
+        let step = |a: Value| p.parse(json!({ "action": a }).as_object().unwrap());
+        assert_eq!(step(json!("1+2")).unwrap(), Action::Text("1+2".into()));
+        assert!(step(json!("123456789")).unwrap_err().message.contains("at most 8"));
+        assert!(step(json!(3)).unwrap_err().message.contains("text actions"));
+    }
+
+    #[test]
+    fn error_frames_are_openenv_shaped() {
+        let frame: Value = serde_json::from_str(&ProtocolError::new(ErrorCode::ExecutionError, "boom").frame()).unwrap();
+        assert_eq!(frame, json!({"type": "error", "data": {"message": "boom", "code": "EXECUTION_ERROR"}}));
+    }
+}

@@ -1,0 +1,114 @@
+//! The one thread that drives the pool: sessions hand it resets and steps,
+//! it gathers whatever is waiting into one batch and makes one pool call
+//! for the resets and one for the steps.
+//!
+//! Why a thread and a batch: the pool steps many envs per call across its
+//! worker threads, and with a thousand sessions a thousand steps arrive
+//! within a millisecond of each other. Gathering them costs nothing when
+//! one request is waiting (it goes alone, at once) and turns a burst into
+//! one crossing per plugin instance. The async runtime only waits for the
+//! reply, so plugin code never runs on it.
+
+use crate::metrics::Metrics;
+use ragen_runtime::{Action, EnvFailure, EnvPool, PoolStep, StepInfo};
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+use tokio::sync::oneshot;
+
+/// What a session asks of its env.
+#[derive(Clone, Debug)]
+pub enum Work {
+    Reset(u64),
+    Step(Action),
+}
+
+/// Why a call has no result.
+#[derive(Clone, Debug)]
+pub enum CallError {
+    /// The env failed (a fault, invalid output, an env error); its episode is over.
+    Env(EnvFailure),
+    /// The pool itself is gone (a worker thread died); the server cannot go on.
+    Pool(String),
+}
+
+type Reply = Result<PoolStep, CallError>;
+
+struct Job {
+    slot: usize,
+    work: Work,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// A handle to the stepping thread; cheap to share.
+#[derive(Clone)]
+pub struct Stepper {
+    jobs: Sender<Job>,
+}
+
+impl Stepper {
+    /// Start the thread that owns `pool`. It ends when every handle is dropped.
+    pub fn start(pool: EnvPool, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+        let (jobs, rx) = mpsc::channel();
+        std::thread::Builder::new().name("ragen-serve-stepper".into()).spawn(move || run(pool, rx, &metrics))?;
+        Ok(Self { jobs })
+    }
+
+    /// Run `work` on the env in `slot` and wait for it. A reset's result is
+    /// its first observation with reward 0 and `done` false.
+    pub async fn call(&self, slot: usize, work: Work) -> Reply {
+        let (reply, answer) = oneshot::channel();
+        self.jobs.send(Job { slot, work, reply }).map_err(|_| CallError::Pool("the stepping thread has stopped".into()))?;
+        answer.await.map_err(|_| CallError::Pool("the stepping thread dropped a call".into()))?
+    }
+}
+
+/// Most calls gathered into one batch: enough to fill every instance of a
+/// large pool, few enough that the first in line does not wait long.
+const MAX_BATCH: usize = 4096;
+
+fn run(pool: EnvPool, rx: Receiver<Job>, metrics: &Metrics) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        metrics.batch_size.observe(batch.len() as f64);
+        let (resets, steps): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| matches!(j.work, Work::Reset(_)));
+        if !resets.is_empty() {
+            let ids: Vec<usize> = resets.iter().map(|j| j.slot).collect();
+            let seeds: Vec<u64> = resets.iter().map(|j| if let Work::Reset(s) = j.work { s } else { unreachable!() }).collect();
+            let results = pool.reset(&ids, &seeds).map(|r| r.into_iter().map(|o| o.map(first_step)).collect());
+            answer(resets, results);
+        }
+        if !steps.is_empty() {
+            let ids: Vec<usize> = steps.iter().map(|j| j.slot).collect();
+            let actions: Vec<Action> = steps.iter().map(|j| if let Work::Step(a) = &j.work { a.clone() } else { unreachable!() }).collect();
+            answer(steps, pool.step(&ids, &actions));
+        }
+    }
+}
+
+fn first_step(observation: String) -> PoolStep {
+    let info = StepInfo { success: false, action_is_valid: true, action_is_effective: false, metrics: vec![] };
+    PoolStep { observation, reward: 0.0, done: false, info, autoreset: None }
+}
+
+fn answer(jobs: Vec<Job>, results: anyhow::Result<Vec<Result<PoolStep, EnvFailure>>>) {
+    match results {
+        Ok(results) => {
+            for (job, result) in jobs.into_iter().zip(results) {
+                // A session that went away meanwhile no longer wants its reply.
+                let _ = job.reply.send(result.map_err(CallError::Env));
+            }
+        }
+        Err(e) => {
+            let message = format!("{e:#}");
+            for job in jobs {
+                let _ = job.reply.send(Err(CallError::Pool(message.clone())));
+            }
+        }
+    }
+}
