@@ -132,7 +132,8 @@ fn sigterm_lets_in_flight_calls_finish() {
         for c in &mut clients {
             c.send_text(json!({"type": "reset", "data": {"seed": 1}}).to_string()).await.unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // In flight once the server counted them (each takes a few hundred ms).
+        ragen_serve::load::wait_for_metric(served.addr, "ragen_serve_resets_total 3", Duration::from_secs(10)).await.unwrap();
         served.terminate();
         for c in &mut clients {
             let reply = c.next_frame().await.unwrap().expect("the in-flight reset is answered");

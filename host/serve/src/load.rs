@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -82,6 +83,45 @@ impl Client {
             }
         }
         Ok(())
+    }
+}
+
+/// One HTTP/1.1 request on its own connection, for the tests and the
+/// bench: (status, body). Deliberately minimal (no chunked bodies, no
+/// keep-alive): the server answers every route with a length.
+pub async fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Result<(u16, String)> {
+    let mut stream = TcpStream::connect(addr).await.with_context(|| format!("cannot connect to {addr}"))?;
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        request += &format!("{k}: {v}\r\n");
+    }
+    request += "\r\n";
+    request += body;
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response).to_string();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).with_context(|| format!("not an HTTP response: {text:?}"))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Wait until `/metrics` has a line starting with `line` (e.g.
+/// `ragen_serve_resets_total 3`), for up to `limit`.
+pub async fn wait_for_metric(addr: SocketAddr, line: &str, limit: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let (_, metrics) = http(addr, "GET", "/metrics", &[], "").await?;
+        if metrics.lines().any(|l| l.starts_with(line)) {
+            return Ok(());
+        }
+        if start.elapsed() > limit {
+            bail!("no `{line}` in /metrics within {limit:?}: {metrics}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

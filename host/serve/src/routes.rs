@@ -268,6 +268,9 @@ async fn session_loop(app: Arc<App>, mut session: Session, mut socket: WebSocket
             break None;
         }
     };
+    // The env goes back before the session stops counting as open, so that
+    // a client seeing the count drop can open a session at once.
+    drop(session);
     if let Some((code, reason)) = close {
         let _ = socket.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
     }

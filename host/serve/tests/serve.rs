@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 struct Running {
@@ -41,25 +40,8 @@ fn config(max_sessions: usize) -> ServeConfig {
     ServeConfig { max_sessions, threads: 2, ..ServeConfig::default() }
 }
 
-/// One HTTP/1.1 request on its own connection: (status, body).
 async fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        request += &format!("{k}: {v}\r\n");
-    }
-    request += "\r\n";
-    request += body;
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
-    let text = String::from_utf8_lossy(&response).to_string();
-    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
+    load::http(addr, method, path, headers, body).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,7 +114,8 @@ async fn concurrent_sessions_see_what_the_plugin_does_in_process() {
 /// plugin gives in-process, where the same faults happen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_stay_in_their_sessions_under_load() {
-    let limits = SandboxLimits { call_timeout: Duration::from_millis(200), memory_bytes: 64 << 20, ..SandboxLimits::default() };
+    // Roomy enough that a loaded CI machine never times out an honest call.
+    let limits = SandboxLimits { call_timeout: Duration::from_millis(500), memory_bytes: 64 << 20, ..SandboxLimits::default() };
     for fault in ["loop-in-step", "trap-in-reset", "grow-memory", "stack-overflow"] {
         let path = ragen_test_fixtures::test_plugin(fault);
         let schedule = Schedule { sessions: 16, steps: 6, seed_start: 0, num_actions: 2 };
@@ -171,7 +154,7 @@ async fn the_session_cap_answers_503_and_frees_on_close() {
     assert_eq!(status, 503);
     assert!(body.contains("server at capacity: 2/2 sessions") && body.contains("--max-sessions"), "{body}");
     a.close().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    load::wait_for_metric(server.addr, "ragen_serve_sessions_active 1", Duration::from_secs(10)).await.unwrap();
     let mut again = Client::connect(server.addr, None).await.expect("a closed session frees its slot");
     assert_eq!(again.reset(1).await.unwrap()["type"], "observation");
     let (_, metrics) = http(server.addr, "GET", "/metrics", &[], "").await;
@@ -215,7 +198,7 @@ async fn oversized_observations_fail_only_the_episode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_sessions_are_reaped() {
-    let cfg = ServeConfig { idle_timeout: Duration::from_millis(300), ..config(2) };
+    let cfg = ServeConfig { idle_timeout: Duration::from_secs(1), ..config(2) };
     let server = Running::start(&ragen_test_fixtures::plugin("bandit"), SandboxLimits::default(), cfg).await;
     let mut c = Client::connect(server.addr, None).await.unwrap();
     assert_eq!(c.reset(1).await.unwrap()["type"], "observation");
@@ -265,7 +248,9 @@ async fn shutdown_lets_in_flight_calls_finish() {
     for c in &mut clients {
         c.send_text(json!({"type": "reset", "data": {"seed": 5}}).to_string()).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Each reset is in flight once the server counted it (a frame not yet
+    // read when shutdown begins is not).
+    load::wait_for_metric(server.addr, "ragen_serve_resets_total 3", Duration::from_secs(10)).await.unwrap();
     server.stop.cancel();
     for c in &mut clients {
         let reply = c.next_frame().await.unwrap().expect("the in-flight reset is answered");
