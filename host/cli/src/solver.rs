@@ -44,9 +44,7 @@ impl Policy for SokobanSolverPolicy {
                 let names: Vec<&str> = moves.iter().take(c.max_actions.max(1) as usize).map(|d| d.name()).collect();
                 // An unsolvable room still gets a well-formed answer.
                 let names = if names.is_empty() { vec![c.actions[0].as_str()] } else { names };
-                let text = reply(c.prefill, "Following the shortest solution.", &names);
-                let tokens = ByteTokenizer.encode(&text);
-                Ok(Response { logprobs: vec![0.0; tokens.len()], text, tokens })
+                Ok(scripted(c.prefill, "Following the shortest solution.", &names))
             })
             .collect()
     }
@@ -83,10 +81,15 @@ impl Policy for CountdownSolverPolicy {
             .map(|c| {
                 let (numbers, target) = Self::read(c.observation)?;
                 let answer = countdown::solve(&numbers, target).unwrap_or_else(|| "0".into());
-                let text = reply(c.prefill, "Searching every expression over the numbers.", &[answer.as_str()]);
-                let tokens = ByteTokenizer.encode(&text);
-                Ok(Response { logprobs: vec![0.0; tokens.len()], text, tokens })
+                Ok(scripted(c.prefill, "Searching every expression over the numbers.", &[answer.as_str()]))
             })
             .collect()
     }
+}
+
+/// A solver's reply: fixed text, so every token has probability 1.
+fn scripted(prefill: &str, thought: &str, answers: &[&str]) -> Response {
+    let text = reply(prefill, thought, answers);
+    let tokens = ByteTokenizer.encode(&text);
+    Response { logprobs: vec![0.0; tokens.len()], text, tokens }
 }

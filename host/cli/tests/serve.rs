@@ -6,7 +6,6 @@ mod common;
 
 use common::{faulty, plugin, scratch};
 use ragen_runtime::Plugin;
-use ragen_serve::load::Client;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -124,26 +123,11 @@ fn openenv_python_client_plays_sokoban_and_its_checks_pass() {
 fn sigterm_lets_in_flight_calls_finish() {
     let served = Served::start("sigterm", &faulty("slow-reset"), &["--max-sessions", "4", "--threads", "2"]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let mut clients = Vec::new();
-        for _ in 0..3 {
-            clients.push(Client::connect(served.addr, None).await.unwrap());
-        }
-        for c in &mut clients {
-            c.send_text(json!({"type": "reset", "data": {"seed": 1}}).to_string()).await.unwrap();
-        }
-        // In flight once the server counted them (each takes a few hundred ms).
-        ragen_serve::load::wait_for_metric(served.addr, "ragen_serve_resets_total 3", Duration::from_secs(10)).await.unwrap();
-        served.terminate();
-        for c in &mut clients {
-            let reply = c.next_frame().await.unwrap().expect("the in-flight reset is answered");
-            assert_eq!(reply["type"], "observation", "{reply}");
-            match c.next_frame().await.unwrap() {
-                Err(Some(close)) => assert_eq!(u16::from(close.code), 1001, "{close:?}"),
-                other => panic!("then the session closes with 1001, got {other:?}"),
-            }
-        }
-    });
+    let outcomes = runtime.block_on(ragen_serve::load::resets_in_flight_then(served.addr, 3, 1, || served.terminate())).unwrap();
+    for (reply, closed) in outcomes {
+        assert_eq!(reply["type"], "observation", "the in-flight reset is answered: {reply}");
+        assert_eq!(closed, Some(1001), "then the session closes with 1001");
+    }
     let (clean, log) = served.wait(Duration::from_secs(30));
     assert!(clean, "serve exits 0 after SIGTERM: {log}");
     assert!(log.contains("stopping"), "the log says it is stopping: {log}");

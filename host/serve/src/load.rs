@@ -125,6 +125,36 @@ pub async fn wait_for_metric(addr: SocketAddr, line: &str, limit: Duration) -> R
     }
 }
 
+/// Shutdown with calls in flight, as the in-process and the binary tests
+/// both check it: open `sessions` sessions, send each a reset of `seed`,
+/// wait until the server has counted them all (a frame it has not read is
+/// not in flight), call `stop`, and return what each session got next: its
+/// reply, then the close code that ended it (`None`: no close frame).
+pub async fn resets_in_flight_then(addr: SocketAddr, sessions: usize, seed: u64, stop: impl FnOnce()) -> Result<Vec<(Value, Option<u16>)>> {
+    let mut clients = Vec::with_capacity(sessions);
+    for _ in 0..sessions {
+        clients.push(Client::connect(addr, None).await?);
+    }
+    for c in &mut clients {
+        c.send_text(json!({"type": "reset", "data": {"seed": seed}}).to_string()).await?;
+    }
+    wait_for_metric(addr, &format!("ragen_serve_resets_total {sessions}"), Duration::from_secs(10)).await?;
+    stop();
+    let mut outcomes = Vec::with_capacity(sessions);
+    for c in &mut clients {
+        let reply = match c.next_frame().await? {
+            Ok(reply) => reply,
+            Err(close) => bail!("the in-flight reset got no answer: the session closed ({})", describe_close(close.as_ref())),
+        };
+        let closed = match c.next_frame().await? {
+            Err(close) => close.map(|f| u16::from(f.code)),
+            Ok(frame) => bail!("after the reply, a frame instead of the close: {frame}"),
+        };
+        outcomes.push((reply, closed));
+    }
+    Ok(outcomes)
+}
+
 fn describe_close(frame: Option<&CloseFrame>) -> String {
     match frame {
         Some(f) => format!("code {}, {}", u16::from(f.code), f.reason),

@@ -241,24 +241,10 @@ async fn the_bearer_token_is_checked_on_every_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_in_flight_calls_finish() {
     let server = Running::start(&ragen_test_fixtures::test_plugin("slow-reset"), SandboxLimits::default(), config(4)).await;
-    let mut clients = Vec::new();
-    for _ in 0..3 {
-        clients.push(Client::connect(server.addr, None).await.unwrap());
-    }
-    for c in &mut clients {
-        c.send_text(json!({"type": "reset", "data": {"seed": 5}}).to_string()).await.unwrap();
-    }
-    // Each reset is in flight once the server counted it (a frame not yet
-    // read when shutdown begins is not).
-    load::wait_for_metric(server.addr, "ragen_serve_resets_total 3", Duration::from_secs(10)).await.unwrap();
-    server.stop.cancel();
-    for c in &mut clients {
-        let reply = c.next_frame().await.unwrap().expect("the in-flight reset is answered");
-        assert_eq!(reply["type"], "observation", "{reply}");
-        match c.next_frame().await.unwrap() {
-            Err(Some(close)) => assert_eq!(u16::from(close.code), 1001, "{close:?}"),
-            other => panic!("then the session closes with 1001, got {other:?}"),
-        }
+    let stop = server.stop.clone();
+    for (reply, closed) in load::resets_in_flight_then(server.addr, 3, 5, move || stop.cancel()).await.unwrap() {
+        assert_eq!(reply["type"], "observation", "the in-flight reset is answered: {reply}");
+        assert_eq!(closed, Some(1001), "then the session closes with 1001");
     }
     assert!(Client::connect(server.addr, None).await.is_err(), "no new sessions after shutdown");
     tokio::time::timeout(Duration::from_secs(30), server.serving).await.unwrap().unwrap().unwrap();
