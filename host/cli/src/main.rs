@@ -6,6 +6,7 @@ mod chat;
 mod dashboard;
 mod eval;
 mod inspect;
+mod oci;
 mod play;
 mod serve;
 mod shipped;
@@ -16,6 +17,8 @@ mod validate;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use oci::PluginSource;
+use ragen_oci::PluginRef;
 use ragen_runtime::SandboxLimits;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,6 +53,51 @@ struct Cli {
     /// plugin's bytes, the wasmtime version and its settings.
     #[arg(long, global = true)]
     no_cache: bool,
+    /// Reach an `oci://` registry on this machine (localhost, 127.0.0.1,
+    /// [::1]) over plain HTTP instead of HTTPS, e.g. a test registry
+    /// started with `docker-registry serve`. Refused for any other host.
+    #[arg(long, global = true)]
+    plain_http: bool,
+}
+
+/// What `validate` checks with, and `push` before it publishes.
+#[derive(Args)]
+struct ValidateArgs {
+    /// Seeds to play in the determinism and value checks.
+    #[arg(long, default_value_t = 16)]
+    seeds: u64,
+    /// Time budget for one call into the plugin.
+    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    call_timeout_ms: u64,
+    /// Memory cap per plugin instance.
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    memory_mib: usize,
+    /// Wall-clock budget of the checks (after the component compiled): a
+    /// verdict comes within it (plus one call's timeout) on any plugin;
+    /// checks it leaves no time for fail, saying so.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    budget: f64,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl ValidateArgs {
+    fn options(&self) -> Result<validate::Options> {
+        if !self.budget.is_finite() || self.budget <= 0.0 {
+            bail!("--budget {}: use a positive number of seconds", self.budget);
+        }
+        let limits = SandboxLimits {
+            call_timeout: Duration::from_millis(self.call_timeout_ms),
+            memory_bytes: self.memory_mib << 20,
+            ..SandboxLimits::default()
+        };
+        Ok(validate::Options {
+            settings: self.settings.parse()?,
+            seeds: self.seeds.max(2),
+            limits,
+            budget: Duration::from_secs_f64(self.budget),
+        })
+    }
 }
 
 /// Settings passed to the plugin's `create`.
@@ -80,8 +128,9 @@ enum Command {
     /// legend, config keys and defaults, limits, the contract version it was
     /// built against, its size, and the imports it declares (none grants anything).
     Inspect {
-        /// The plugin, e.g. target/plugins/sokoban.wasm
-        file: PathBuf,
+        /// The plugin: a .wasm file (e.g. target/plugins/sokoban.wasm) or
+        /// oci://registry/namespace/name:tag (or @sha256:…).
+        file: PluginSource,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -94,29 +143,17 @@ enum Command {
     /// speed. Exits 0 only when every check passes; each failure says what
     /// to fix.
     Validate {
-        file: PathBuf,
-        /// Seeds to play in the determinism and value checks.
-        #[arg(long, default_value_t = 16)]
-        seeds: u64,
-        /// Time budget for one call into the plugin.
-        #[arg(long, default_value_t = 2000, value_name = "MS")]
-        call_timeout_ms: u64,
-        /// Memory cap per plugin instance.
-        #[arg(long, default_value_t = 256, value_name = "MIB")]
-        memory_mib: usize,
-        /// Wall-clock budget of the checks (after the component compiled): a
-        /// verdict comes within it (plus one call's timeout) on any plugin;
-        /// checks it leaves no time for fail, saying so.
-        #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
-        budget: f64,
+        /// The plugin: a .wasm file or oci://registry/namespace/name:tag.
+        file: PluginSource,
         #[command(flatten)]
-        settings: Settings,
+        checks: ValidateArgs,
     },
     /// Play a plugin yourself: type action names (case-insensitive; several
     /// separated by `||`, as the agent does), see the state, reward and info
     /// after each. `reset [N]` starts over, `quit` leaves.
     Play {
-        file: PathBuf,
+        /// The plugin: a .wasm file or oci://registry/namespace/name:tag.
+        file: PluginSource,
         /// Seed of the first episode.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -127,7 +164,8 @@ enum Command {
     /// and the same env compiled natively in the same run (for the shipped
     /// plugins), with memory per env and instantiation time.
     Bench {
-        file: PathBuf,
+        /// The plugin: a .wasm file or oci://registry/namespace/name:tag.
+        file: PluginSource,
         /// Envs in the pool.
         #[arg(long, default_value_t = 1024)]
         envs: usize,
@@ -187,9 +225,12 @@ enum Command {
     /// target/plugins/bandit.wasm --config examples/configs/smollm2-bandit.toml
     /// --out runs/smollm2-bandit`.
     Train {
-        /// The environment plugin.
-        #[arg(long)]
-        env: PathBuf,
+        /// The environment plugin: a .wasm file or
+        /// oci://registry/namespace/name:tag (or @sha256:…); the run's
+        /// config.toml records the digest. With --resume it defaults to the
+        /// run's own plugin, pinned by that digest.
+        #[arg(long, required_unless_present = "resume")]
+        env: Option<PluginSource>,
         /// A TOML file: algo, seed, steps, test_freq, save_freq, val_episodes,
         /// and [rollout], [prompt], [env], [model], [sampling], [ppo] sections.
         #[arg(long)]
@@ -268,14 +309,51 @@ enum Command {
     /// on the same seeds where a solver exists (Sokoban: BFS; FrozenLake:
     /// value iteration; Bandit: always the better arm).
     Eval(EvalArgs),
+    /// Publish a plugin to an OCI registry, in the WebAssembly ecosystem's
+    /// layout (wkg, wasm-pkg-tools and oras read it), after `validate`
+    /// passes (--force skips it). The manifest carries the plugin's name,
+    /// version, description and contract version; the same file always
+    /// gets the same digest. Prints the reference pinned by digest.
+    /// Credentials: RAGEN_REGISTRY_USERNAME and RAGEN_REGISTRY_PASSWORD,
+    /// else `docker login`'s. Example: `ragen-host push
+    /// target/plugins/sokoban.wasm ghcr.io/you/sokoban:0.2`.
+    Push {
+        /// The .wasm plugin.
+        file: PathBuf,
+        /// registry[:port]/namespace/name:tag (oci:// optional).
+        #[arg(value_parser = parse_plugin_ref, value_name = "REF")]
+        reference: PluginRef,
+        /// Push even when validation fails.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        checks: ValidateArgs,
+    },
+    /// Fetch a plugin from an OCI registry, check it against its digest,
+    /// and write it to a file. Prints the reference pinned by digest, which
+    /// `--env oci://…` then runs on any machine. Example: `ragen-host pull
+    /// ghcr.io/you/sokoban:0.2 -o sokoban.wasm`.
+    Pull {
+        /// registry[:port]/namespace/name:tag or …@sha256:… (oci:// optional).
+        #[arg(value_parser = parse_plugin_ref, value_name = "REF")]
+        reference: PluginRef,
+        /// Where to write the plugin [default: NAME.wasm here].
+        #[arg(short, long)]
+        out: Option<PathBuf>,
+    },
+}
+
+fn parse_plugin_ref(s: &str) -> Result<PluginRef, String> {
+    PluginRef::parse(s).map_err(|e| format!("{e:#}"))
 }
 
 /// `eval`'s arguments.
 #[derive(Args)]
 struct EvalArgs {
-    /// The environment plugin.
+    /// The environment plugin: a .wasm file or
+    /// oci://registry/namespace/name:tag (or @sha256:…).
     #[arg(long)]
-    env: PathBuf,
+    env: PluginSource,
     /// `random` (uniform well-formed answers; envs with action names
     /// only), `sokoban-solver` (replays BFS solutions) or
     /// `countdown-solver` (an expression found by exact search); ignored
@@ -401,42 +479,32 @@ fn run(cli: Cli) -> Result<ExitCode> {
     if cli.no_cache {
         ragen_runtime::CompileCache::set_process_default(ragen_runtime::CompileCache::Off);
     }
+    let plain_http = cli.plain_http;
     match cli.command {
         Command::Inspect { file, json, settings } => {
-            print_report(&inspect::inspect(&file, &settings.parse()?)?, json, inspect::Report::to_text)?;
+            print_report(&inspect::inspect(&file.local(plain_http)?, &settings.parse()?)?, json, inspect::Report::to_text)?;
         }
-        Command::Validate { file, seeds, call_timeout_ms, memory_mib, budget, settings } => {
-            let limits = SandboxLimits {
-                call_timeout: Duration::from_millis(call_timeout_ms),
-                memory_bytes: memory_mib << 20,
-                ..SandboxLimits::default()
-            };
-            if !budget.is_finite() || budget <= 0.0 {
-                bail!("--budget {budget}: use a positive number of seconds");
-            }
-            let opts =
-                validate::Options { settings: settings.parse()?, seeds: seeds.max(2), limits, budget: Duration::from_secs_f64(budget) };
-            let spinner = indicatif::ProgressBar::new_spinner();
-            spinner.enable_steady_tick(Duration::from_millis(120));
-            let started = std::time::Instant::now();
-            let report = validate::validate(&file, &opts, &mut |check| {
-                spinner.set_message(format!("validate: {check} ({:.0} s of {budget:.0} s)", started.elapsed().as_secs_f64()))
-            });
-            spinner.finish_and_clear();
+        Command::Validate { file, checks } => {
+            let report = validate::run_with_spinner(&file.local(plain_http)?, &checks.options()?);
             print!("{}", term::escape(&report.to_text()));
             if !report.passed() {
                 return Ok(ExitCode::FAILURE);
             }
         }
+        Command::Push { file, reference, force, checks } => {
+            oci::push(oci::PushOptions { file, reference, force, plain_http, validate: checks.options()? })?
+        }
+        Command::Pull { reference, out } => oci::pull(&reference, out.as_deref(), plain_http)?,
         Command::Play { file, seed, settings } => {
             let stdin = std::io::stdin();
             let mut out = term::Escaping(std::io::stdout());
-            play::play(&file, seed, &settings.parse()?, &mut stdin.lock(), &mut out)?;
+            play::play(&file.local(plain_http)?, seed, &settings.parse()?, &mut stdin.lock(), &mut out)?;
         }
         Command::Bench { file, policy: true, model: Some(model), batch, seconds, json, backend, .. } => {
             if batch == 0 || !seconds.is_finite() || seconds <= 0.0 {
                 bail!("--batch and --seconds must be positive (and --seconds finite)");
             }
+            let file = file.local(plain_http)?;
             let report = backend::with_backend!(backend, B, device => bench::llm::<B>(&file, &model, batch, seconds, device)?);
             print_report(&report, json, ragen_llm::LlmBenchReport::to_text)?;
         }
@@ -444,6 +512,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if batch == 0 || !seconds.is_finite() || seconds <= 0.0 {
                 bail!("--batch and --seconds must be positive (and --seconds finite)");
             }
+            let file = file.local(plain_http)?;
             let report =
                 backend::with_backend!(backend, B, device => bench::policy::<B>(&file, config.as_deref(), batch, seconds, device)?);
             print_report(&report, json, ragen_policy::PolicyBenchReport::to_text)?;
@@ -455,39 +524,39 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let threads = default_threads(threads);
             let batched = !single_calls;
             let opts = bench::Options { envs, threads, seconds, envs_per_instance, batched, settings: settings.parse()? };
-            let report = bench::bench(&file, &opts)?;
+            let report = bench::bench(&file.local(plain_http)?, &opts)?;
             print_report(&report, json, bench::Report::to_text)?;
             if report.failures > 0 {
                 eprintln!(
                     "error: {} env calls failed during the bench, so its rates are not the plugin's; \
                      `ragen-host validate {}` says why",
-                    report.failures,
-                    file.display()
+                    report.failures, file
                 );
                 return Ok(ExitCode::FAILURE);
             }
         }
-        Command::Serve(args) => serve::run(args)?,
+        Command::Serve(args) => serve::run(args, plain_http)?,
         Command::Compare { runs, out } => {
             dashboard::compare_runs(&runs, &out)?;
             eprintln!("wrote {}", out.display());
         }
         Command::Train { env, config, steps, seed, out, backend, resume, algo, model, settings } => {
-            train::run(train::Options { env, config, steps, seed, out, backend, resume, algo, model, settings: settings.parse()? })?;
+            let settings = settings.parse()?;
+            train::run(train::Options { env, config, steps, seed, out, backend, resume, algo, model, settings, plain_http })?;
         }
         Command::Chat { model, prompt, system, raw, seed, generation } => {
             let g = generation.sampling(None)?;
             let opts = chat::Options { model, prompt, system, raw, max_new_tokens: g.max_new_tokens, sampling: g.sampling, seed };
             backend::with_backend!(inference generation.backend, B, device => chat::chat::<B>(opts, device)?);
         }
-        Command::Eval(args) => eval_command(args)?,
+        Command::Eval(args) => eval_command(args, plain_http)?,
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `eval`: the agent config from --config or the checkpoint's run, then
 /// the evaluation.
-fn eval_command(a: EvalArgs) -> Result<()> {
+fn eval_command(a: EvalArgs, plain_http: bool) -> Result<()> {
     let (mut config, sampling) = match (&a.config, &a.checkpoint) {
         // A training config is a superset: its [rollout], [prompt], [env]
         // and a pretrained model's [sampling] apply.
@@ -507,7 +576,7 @@ fn eval_command(a: EvalArgs) -> Result<()> {
         None => None,
     };
     let opts = eval::Options {
-        env: a.env,
+        env: a.env.local(plain_http)?,
         policy: a.policy,
         checkpoint: a.checkpoint,
         model,

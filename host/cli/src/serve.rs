@@ -13,8 +13,9 @@ use tracing::info;
 /// `serve`'s arguments.
 #[derive(Args)]
 pub struct ServeArgs {
-    /// The environment plugin, e.g. target/plugins/sokoban.wasm
-    file: PathBuf,
+    /// The environment plugin: a .wasm file (e.g.
+    /// target/plugins/sokoban.wasm) or oci://registry/namespace/name:tag.
+    file: crate::oci::PluginSource,
     /// The address to listen on. Only this machine can connect unless you
     /// name another (e.g. 0.0.0.0): then set --token-file too.
     #[arg(long, default_value = "127.0.0.1")]
@@ -64,7 +65,7 @@ pub struct ServeArgs {
     settings: crate::Settings,
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub fn run(args: ServeArgs, plain_http: bool) -> Result<()> {
     init_logs(args.log_json);
     if !args.idle_timeout.is_finite() || args.idle_timeout <= 0.0 {
         bail!("--idle-timeout {}: use a positive number of seconds", args.idle_timeout);
@@ -76,7 +77,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_observation_bytes: args.max_observation_bytes,
         ..SandboxLimits::default()
     };
-    let plugin = Arc::new(Plugin::from_file_with(&args.file, limits)?);
+    let plugin = Arc::new(Plugin::from_file_with(args.file.local(plain_http)?, limits)?);
     let config = ServeConfig {
         max_sessions: args.max_sessions,
         threads: crate::default_threads(args.threads),
@@ -96,7 +97,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}:{} (is the port in use? --port picks another)", args.host, args.port))?;
         let addr = listener.local_addr()?;
-        info!(%addr, plugin = %args.file.display(), max_sessions = sessions, "serving; Ctrl-C or SIGTERM stops");
+        info!(%addr, plugin = %args.file, max_sessions = sessions, "serving; Ctrl-C or SIGTERM stops");
         // Read by scripts and tests that start the server on port 0.
         println!("listening on http://{addr}");
         let stop = server.shutdown_token();

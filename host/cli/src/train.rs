@@ -2,16 +2,18 @@
 //! progress bar, metrics.jsonl, config.toml and checkpoints in the run
 //! directory.
 
+use crate::oci::PluginSource;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use ragen_learner::{Algo, StepMetrics, TrainConfig, read_metrics, train};
+use ragen_learner::{Algo, PluginRecord, StepMetrics, TrainConfig, read_metrics, train};
 use ragen_runtime::Plugin;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub struct Options {
-    pub env: PathBuf,
+    /// Required for a new run; a resumed one defaults to its own.
+    pub env: Option<PluginSource>,
     pub config: Option<PathBuf>,
     pub steps: Option<u64>,
     pub seed: Option<u64>,
@@ -21,21 +23,23 @@ pub struct Options {
     pub algo: Option<Algo>,
     pub model: Option<PathBuf>,
     pub settings: Vec<(String, String)>,
+    pub plain_http: bool,
 }
 
 pub fn run(opts: Options) -> Result<()> {
     if !opts.backend.built() {
         return Err(opts.backend.missing());
     }
-    let (config, out, resume) = resolve(&opts)?;
-    let plugin = Arc::new(Plugin::from_file_with(&opts.env, config.agent.sandbox.limits()?)?);
+    let (mut config, out, resume) = resolve(&opts)?;
+    let (source, path) = plugin_for_run(&opts, &mut config, resume)?;
+    let plugin = Arc::new(Plugin::from_file_with(&path, config.agent.sandbox.limits()?)?);
     let stop = stop_on_ctrl_c()?;
     let policy = match &config.model_path {
         Some(m) if config.lora.is_on() => format!("`{}` with LoRA rank {}", m.display(), config.lora.rank),
         Some(m) => format!("`{}` in full", m.display()),
         None => "a transformer from scratch".to_string(),
     };
-    eprintln!("training {policy} on `{}` with {:?} for {} steps into {}", opts.env.display(), config.algo, config.steps, out.display());
+    eprintln!("training {policy} on `{source}` with {:?} for {} steps into {}", config.algo, config.steps, out.display());
     let mut progress = Progress::new(&config, &out)?;
     let history = crate::backend::with_backend!(opts.backend, B, device => train::<B>(
         plugin, &config, &out, resume, device, &stop, |m| progress.on_step(m)
@@ -53,7 +57,7 @@ pub fn run(opts: Options) -> Result<()> {
         out.display()
     );
     if stop.load(Ordering::SeqCst) {
-        eprintln!("stopped early; continue with: ragen-host train --env {} --resume {}", opts.env.display(), out.display());
+        eprintln!("stopped early; continue with: ragen-host train --resume {}", out.display());
     }
     Ok(())
 }
@@ -88,6 +92,64 @@ fn resolve(opts: &Options) -> Result<(TrainConfig, PathBuf, bool)> {
         config.agent.env.insert(k.clone(), toml::Value::String(v.clone()));
     }
     Ok((config, out, resume))
+}
+
+/// The plugin to train on, as a file, recorded in the config's
+/// `[plugin]`. A resumed run takes its own plugin: pinned by its digest
+/// when it came from a registry (saying so when the tag has moved since),
+/// else its file (warning when the file's bytes changed).
+fn plugin_for_run(opts: &Options, config: &mut TrainConfig, resume: bool) -> Result<(PluginSource, PathBuf)> {
+    let recorded = config.plugin.clone();
+    let source = match &opts.env {
+        Some(s) => s.clone(),
+        None => recorded
+            .source
+            .as_deref()
+            .context("this run's config.toml names no plugin ([plugin] source): pass --env")?
+            .parse::<PluginSource>()?,
+    };
+    let fetch = match (&source, &recorded.digest) {
+        (PluginSource::Oci(r), Some(run_digest)) if resume => pinned_for_resume(r, run_digest, opts.plain_http)?,
+        _ => source.clone(),
+    };
+    let fetched = fetch.fetch(opts.plain_http)?;
+    let bytes = std::fs::read(&fetched.path).with_context(|| format!("cannot read plugin `{}`", fetched.path.display()))?;
+    let wasm_digest = ragen_oci::sha256_digest(&bytes).to_string();
+    if resume && let Some(was) = recorded.wasm_digest.as_ref().filter(|w| **w != wasm_digest) {
+        eprintln!(
+            "warning: `{source}` is not the plugin this run started on (its .wasm was {was}, now {wasm_digest}); \
+             the resumed run will not replay what an uninterrupted one would"
+        );
+    }
+    config.plugin = PluginRecord {
+        source: Some(source.to_string()),
+        digest: fetched.pulled.as_ref().map(|p| p.manifest_digest.to_string()),
+        wasm_digest: Some(wasm_digest),
+    };
+    Ok((source, fetched.path))
+}
+
+/// The plugin a resumed run trained on (`run_digest`), given the reference
+/// it now names: a tag that moved is reported and the run's digest kept; a
+/// different pinned digest is refused.
+fn pinned_for_resume(r: &ragen_oci::PluginRef, run_digest: &str, plain_http: bool) -> Result<PluginSource> {
+    let run_digest = ragen_oci::Digest::parse(run_digest).context("the run's [plugin] digest")?;
+    match r.digest() {
+        Some(d) if d != run_digest => bail!(
+            "{r} is not the plugin this run trained on ({run_digest}); a resumed run keeps its plugin: \
+             start a new run (--out) to train on this one"
+        ),
+        Some(_) => {}
+        None => match crate::oci::registry(plain_http).and_then(|reg| reg.digest_of(r)) {
+            Ok(now) if now != run_digest => eprintln!(
+                "warning: {r} now points to {now}, not to {run_digest} that this run trained on; \
+                 resuming on {run_digest}. Start a new run (--out) to train on the new plugin"
+            ),
+            Ok(_) => {}
+            Err(e) => eprintln!("warning: cannot check whether {r} moved ({e:#}); resuming on the run's {run_digest}"),
+        },
+    }
+    Ok(PluginSource::Oci(r.pinned(&run_digest)))
 }
 
 /// The flag the first Ctrl-C (or SIGTERM, or SIGHUP: a scheduler's or

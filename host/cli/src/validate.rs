@@ -571,6 +571,19 @@ impl Validator<'_> {
 }
 
 /// Run every check on `file`, telling `progress` which one is starting.
+/// [`validate`] with a spinner naming the check under way.
+pub fn run_with_spinner(file: &Path, opts: &Options) -> Report {
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let started = Instant::now();
+    let budget = opts.budget.as_secs_f64();
+    let report = validate(file, opts, &mut |check| {
+        spinner.set_message(format!("validate: {check} ({:.0} s of {budget:.0} s)", started.elapsed().as_secs_f64()))
+    });
+    spinner.finish_and_clear();
+    report
+}
+
 pub fn validate(file: &Path, opts: &Options, progress: &mut dyn FnMut(&str)) -> Report {
     let name = file.display().to_string();
     let mut checks = Vec::new();

@@ -142,6 +142,27 @@ pub struct PpoSection {
     pub ppo_mini_batch_size: Option<usize>,
 }
 
+/// `[plugin]`: the env plugin a run trained on, so the run names it
+/// exactly and `--resume` can take the same one (or say that a tag moved).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginRecord {
+    /// What `--env` said: a file path or `oci://registry/ns/name:tag`.
+    pub source: Option<String>,
+    /// For a plugin pulled from a registry: the manifest digest
+    /// (`sha256:…`) the reference resolved to, which pins it
+    /// (`oci://…@digest`).
+    pub digest: Option<String>,
+    /// The digest of the `.wasm` bytes themselves.
+    pub wasm_digest: Option<String>,
+}
+
+impl PluginRecord {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// The whole run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -168,6 +189,10 @@ pub struct TrainConfig {
     /// `[lora]`: adapters on the pretrained model (rank 0: the whole model
     /// trains).
     pub lora: LoraConfig,
+    /// `[plugin]`: which env plugin the run trained on, written by `train`
+    /// (a config given to a new run needs none).
+    #[serde(skip_serializing_if = "PluginRecord::is_empty")]
+    pub plugin: PluginRecord,
     #[serde(flatten)]
     pub agent: AgentConfig,
     /// `[model]`: the policy transformer's shape (see [`model_keys`] for
@@ -190,6 +215,7 @@ impl Default for TrainConfig {
             max_failed_share: 0.5,
             model_path: None,
             lora: LoraConfig::default(),
+            plugin: PluginRecord::default(),
             agent: AgentConfig::default(),
             model: PolicyModelConfig::new(0),
             sampling: SamplingSection::default(),

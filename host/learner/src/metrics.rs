@@ -77,6 +77,11 @@ pub struct StepMetrics {
     /// Set when the Echo-Trap alarm fired at this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collapse_alarm: Option<String>,
+    /// The manifest digest of the env plugin, when it came from an OCI
+    /// registry (the run's `[plugin] digest`): every line names the exact
+    /// plugin it was measured on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_digest: Option<String>,
 }
 
 /// Every step recorded in a `metrics.jsonl`, in file order.

@@ -370,6 +370,7 @@ impl<'c, B: AutodiffBackend, T: Trainee<B>> Run<'c, B, T> {
             update_seconds,
             skipped,
             collapse_alarm: None,
+            plugin_digest: config.plugin.digest.clone(),
         };
         m.collapse_alarm = self.alarm.check(m.reward_std_before_filter, m.entropy, m.success);
         let file = self.metrics_file.as_mut().expect("the metrics file is open");

@@ -1,0 +1,332 @@
+//! `ragen-host push`, `pull` and `--env oci://…` against a real registry:
+//! the CNCF distribution registry (Debian's `docker-registry`), started by
+//! each test on 127.0.0.1 with its own storage and stopped afterwards. An
+//! independent client, ORAS's Python SDK (`make oras-client`), reads what
+//! we push, and we read what it pushes.
+
+mod common;
+
+use common::{faulty, plugin, scratch, text};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A registry process on a free port of 127.0.0.1, with its storage in a
+/// scratch directory; killed when dropped.
+struct TestRegistry {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+/// The user and password of the registry that wants credentials, and the
+/// bcrypt hash (cost 4, so each request stays cheap) its htpasswd holds.
+const USER: &str = "ragen";
+const PASSWORD: &str = "ragen-test-secret-7f3a";
+const HTPASSWD: &str = "ragen:$2b$04$yIrrKBjbz6t3JmmsqS6Cg.0M8utJ.wxKEyTvCF1O5bVy8qkusscG2\n";
+
+impl TestRegistry {
+    fn start(name: &str) -> Self {
+        Self::start_with(name, false)
+    }
+
+    /// With `auth`, every request needs [`USER`] and [`PASSWORD`].
+    fn start_with(name: &str, auth: bool) -> Self {
+        let dir = scratch("oci").join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+             http:\n  addr: 127.0.0.1:{port}\n",
+            dir.join("storage").display()
+        );
+        if auth {
+            std::fs::write(dir.join("htpasswd"), HTPASSWD).unwrap();
+            config += &format!("auth:\n  htpasswd:\n    realm: ragen-test\n    path: {}\n", dir.join("htpasswd").display());
+        }
+        std::fs::write(dir.join("config.yml"), config).unwrap();
+        let child = Command::new(registry_binary())
+            .args(["serve", dir.join("config.yml").to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("registry.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let registry = Self { child, port, dir };
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(20), "the registry did not listen within 20 s: {}", registry.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        registry
+    }
+
+    fn reference(&self, repo_tag: &str) -> String {
+        format!("oci://127.0.0.1:{}/{repo_tag}", self.port)
+    }
+
+    /// Where the registry keeps the blob `digest` (its filesystem layout).
+    fn blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        self.dir.join(format!("storage/docker/registry/v2/blobs/sha256/{}/{hex}/data", &hex[..2]))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("registry.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TestRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Debian's `docker-registry` (the CNCF distribution registry), which
+/// `.ci/run` installs.
+fn registry_binary() -> &'static str {
+    let bin = "/usr/bin/docker-registry";
+    assert!(Path::new(bin).exists(), "{bin} is missing: install the registry with `apt-get install docker-registry` (.ci/run does)");
+    bin
+}
+
+/// `ragen-host ARGS` with its own plugin cache (so each test pulls for
+/// real) and `--plain-http` for the local registry.
+fn host(cache: &Path, args: &[&str]) -> Output {
+    host_env(cache, args, &[])
+}
+
+fn host_env(cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ragen-host"))
+        .args(args)
+        .arg("--plain-http")
+        .env("RAGEN_OCI_CACHE", cache)
+        .env("DOCKER_CONFIG", cache.join("no-docker-config"))
+        .env_remove("RAGEN_REGISTRY_USERNAME")
+        .env_remove("RAGEN_REGISTRY_PASSWORD")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The pinned reference a successful push or pull prints.
+fn pinned(out: &Output) -> String {
+    assert!(out.status.success(), "{}", text(out));
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(line.contains("@sha256:"), "not a pinned reference: {line}");
+    line
+}
+
+fn fresh_cache(name: &str) -> PathBuf {
+    let d = scratch("oci-cache").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn push_then_pull_gives_the_same_bytes_and_digest_by_tag_and_by_digest() {
+    let reg = TestRegistry::start("roundtrip");
+    let cache = fresh_cache("roundtrip");
+    let bandit = plugin("bandit");
+    let tag = reg.reference("ragen/bandit:0.2");
+    let pushed = pinned(&host(&cache, &["push", bandit.to_str().unwrap(), &tag]));
+    assert!(pushed.starts_with(&tag), "{pushed}");
+
+    // Pushing the same file again gives the same manifest: pushes are reproducible.
+    assert_eq!(pinned(&host(&cache, &["push", bandit.to_str().unwrap(), &tag])), pushed);
+
+    let out = scratch("oci").join("roundtrip-pulled.wasm");
+    let by_tag = pinned(&host(&cache, &["pull", &tag, "-o", out.to_str().unwrap()]));
+    assert_eq!(by_tag, pushed);
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&bandit).unwrap());
+
+    let by_digest_out = scratch("oci").join("roundtrip-by-digest.wasm");
+    let other_cache = fresh_cache("roundtrip-by-digest");
+    let by_digest = pinned(&host(&other_cache, &["pull", &pushed, "-o", by_digest_out.to_str().unwrap()]));
+    assert_eq!(by_digest, pushed);
+    assert_eq!(std::fs::read(&by_digest_out).unwrap(), std::fs::read(&bandit).unwrap());
+
+    // Pinned and cached: no registry needed any more.
+    drop(reg);
+    let again = host(&other_cache, &["inspect", &pushed, "--json"]);
+    assert!(again.status.success() && text(&again).contains("from the cache"), "{}", text(&again));
+    let info: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(info["name"], "bandit");
+}
+
+#[test]
+fn train_from_a_registry_records_the_digest_and_a_moved_tag_is_reported_on_resume() {
+    let reg = TestRegistry::start("train");
+    let cache = fresh_cache("train");
+    let tag = reg.reference("ragen/bandit:latest");
+    let digest = pinned(&host(&cache, &["push", plugin("bandit").to_str().unwrap(), &tag])).rsplit('@').next().unwrap().to_string();
+    let run = scratch("oci").join("train-run");
+    let _ = std::fs::remove_dir_all(&run);
+    let config = scratch("oci").join("train.toml");
+    std::fs::write(&config, "steps = 2\nval_episodes = 4\ntest_freq = 1\n[rollout]\nenv_groups = 2\ngroup_size = 4\n[model]\nd_model = 16\nn_layers = 1\nn_heads = 2\n").unwrap();
+    let out = host(&cache, &["train", "--env", &tag, "--config", config.to_str().unwrap(), "--out", run.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let recorded: toml::Value = toml::from_str(&std::fs::read_to_string(run.join("config.toml")).unwrap()).unwrap();
+    assert_eq!(recorded["plugin"]["source"].as_str(), Some(tag.as_str()));
+    assert_eq!(recorded["plugin"]["digest"].as_str(), Some(digest.as_str()));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 2);
+    for line in metrics.lines() {
+        let m: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(m["plugin_digest"].as_str(), Some(digest.as_str()), "{line}");
+    }
+
+    // The tag moves to another plugin; the resumed run says so and keeps its own.
+    pinned(&host(&cache, &["push", "--force", plugin("sokoban").to_str().unwrap(), &tag]));
+    let out = host(&cache, &["train", "--resume", run.to_str().unwrap(), "--steps", "3"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("now points to") && text(&out).contains(&format!("resuming on {digest}")), "{}", text(&out));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 3);
+    assert!(metrics.lines().all(|l| l.contains(&digest)), "{metrics}");
+}
+
+#[test]
+fn a_tampered_blob_is_refused() {
+    let reg = TestRegistry::start("tampered");
+    let cache = fresh_cache("tampered");
+    let bandit = plugin("bandit");
+    let tag = reg.reference("ragen/bandit:0.2");
+    pinned(&host(&cache, &["push", bandit.to_str().unwrap(), &tag]));
+    let wasm_digest = format!("sha256:{}", sha256_hex(&std::fs::read(&bandit).unwrap()));
+    let blob = reg.blob_file(&wasm_digest);
+    let mut bytes = std::fs::read(&blob).unwrap_or_else(|e| panic!("{}: {e}", blob.display()));
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+
+    let out_file = scratch("oci").join("tampered.wasm");
+    let _ = std::fs::remove_file(&out_file);
+    let out = host(&fresh_cache("tampered-pull"), &["pull", &tag, "-o", out_file.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("refusing") && text(&out).contains(&wasm_digest), "{}", text(&out));
+    assert!(!out_file.exists(), "nothing is written from a tampered pull");
+}
+
+#[test]
+fn an_unknown_tag_and_a_registry_that_is_down_get_clear_errors() {
+    let reg = TestRegistry::start("errors");
+    let cache = fresh_cache("errors");
+    pinned(&host(&cache, &["push", plugin("bandit").to_str().unwrap(), &reg.reference("ragen/bandit:0.2")]));
+    let out = host(&cache, &["pull", &reg.reference("ragen/bandit:nope")]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("is not in the registry") && text(&out).contains("has the tags: 0.2"), "{}", text(&out));
+    let out = host(&cache, &["eval", "--env", &reg.reference("ragen/nothing:1"), "--episodes", "1"]);
+    assert!(text(&out).contains("holds no plugin yet") && text(&out).contains("ragen-host push"), "{}", text(&out));
+
+    let down = format!("oci://127.0.0.1:{}/ragen/bandit:0.2", reg.port);
+    drop(reg);
+    let started = Instant::now();
+    let out = host(&cache, &["pull", &down]);
+    assert!(!out.status.success());
+    assert!(started.elapsed() < Duration::from_secs(10), "a registry that is down fails fast, not after {:?}", started.elapsed());
+    assert!(text(&out).contains("cannot reach the registry") && text(&out).contains("is it running"), "{}", text(&out));
+}
+
+#[test]
+fn push_validates_first_and_the_flags_are_checked() {
+    let reg = TestRegistry::start("validate");
+    let cache = fresh_cache("validate");
+    let tag = reg.reference("ragen/nan:1");
+    let out = host(&cache, &["push", faulty("nan-reward").to_str().unwrap(), &tag]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("refusing to push") && text(&out).contains("--force"), "{}", text(&out));
+    assert!(!host(&cache, &["pull", &tag]).status.success(), "nothing was pushed");
+    pinned(&host(&cache, &["push", "--force", faulty("nan-reward").to_str().unwrap(), &tag]));
+
+    let out = host(&cache, &["pull", "oci://example.com/ragen/bandit:1"]);
+    assert!(text(&out).contains("--plain-http is allowed only for a registry on this machine"), "{}", text(&out));
+    let out = host(&cache, &["pull", "ragen/bandit:1"]);
+    assert!(text(&out).contains("names no registry"), "{}", text(&out));
+    let out = host(&cache, &["push", plugin("bandit").to_str().unwrap(), &format!("{tag}@sha256:{}", "0".repeat(64))]);
+    assert!(text(&out).contains("push to a tag, not a digest"), "{}", text(&out));
+}
+
+#[test]
+fn credentials_come_from_the_environment_and_are_never_printed() {
+    let reg = TestRegistry::start_with("auth", true);
+    let cache = fresh_cache("auth");
+    let bandit = plugin("bandit");
+    let tag = reg.reference("ragen/bandit:0.2");
+    let out = host(&cache, &["push", "--force", bandit.to_str().unwrap(), &tag]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("refused") && text(&out).contains("RAGEN_REGISTRY_USERNAME"), "{}", text(&out));
+
+    let wrong = [("RAGEN_REGISTRY_USERNAME", USER), ("RAGEN_REGISTRY_PASSWORD", "not-the-password-91c2")];
+    let out = host_env(&cache, &["push", "--force", bandit.to_str().unwrap(), &tag], &wrong);
+    assert!(!out.status.success() && text(&out).contains("refused"), "{}", text(&out));
+    assert!(!text(&out).contains("not-the-password-91c2"), "a password is never printed: {}", text(&out));
+
+    let right = [("RAGEN_REGISTRY_USERNAME", USER), ("RAGEN_REGISTRY_PASSWORD", PASSWORD)];
+    let out = host_env(&cache, &["push", "--force", bandit.to_str().unwrap(), &tag], &right);
+    pinned(&out);
+    assert!(!text(&out).contains(PASSWORD));
+    let out = host_env(&cache, &["pull", &tag, "-o", scratch("oci").join("auth.wasm").to_str().unwrap()], &right);
+    pinned(&out);
+    assert!(!text(&out).contains(PASSWORD));
+}
+
+/// ORAS's Python SDK, from `make oras-client`.
+fn oras_python() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = root.join("target/oras-venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `make oras-client` (oras from PyPI, pinned in tests/oci/requirements.txt)",
+        python.display()
+    );
+    python
+}
+
+fn oras(args: &[&str]) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/oci/oras_interop.py");
+    let out = Command::new(oras_python()).arg(script).args(args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+}
+
+#[test]
+fn an_independent_client_reads_our_push_and_we_read_its_push() {
+    let reg = TestRegistry::start("oras");
+    let cache = fresh_cache("oras");
+    let sokoban = plugin("sokoban");
+    let tag = reg.reference("ragen/sokoban:0.2");
+    let pushed = pinned(&host(&cache, &["push", sokoban.to_str().unwrap(), &tag]));
+
+    // oras-py pulls ours: the same bytes, in the wasm OCI layout, with the plugin's own annotations.
+    let dir = scratch("oci").join("oras-pull");
+    let _ = std::fs::remove_dir_all(&dir);
+    let seen = oras(&["pull", tag.strip_prefix("oci://").unwrap(), dir.to_str().unwrap()]);
+    assert_eq!(seen["sha256"].as_str().unwrap(), sha256_hex(&std::fs::read(&sokoban).unwrap()));
+    assert_eq!(seen["manifest_digest"].as_str().unwrap(), pushed.rsplit('@').next().unwrap());
+    let manifest = &seen["manifest"];
+    assert_eq!(manifest["config"]["mediaType"], "application/vnd.wasm.config.v0+json");
+    assert_eq!(manifest["layers"][0]["mediaType"], "application/wasm");
+    assert_eq!(manifest["layers"][0]["annotations"]["org.opencontainers.image.title"], "sokoban.wasm");
+    assert_eq!(manifest["annotations"]["org.opencontainers.image.title"], "sokoban");
+    assert_eq!(manifest["annotations"]["dev.ragen.env.contract"], "ragen:env@0.2.0");
+    assert_eq!(seen["config"]["architecture"], "wasm");
+    assert!(seen["config"]["component"]["exports"].to_string().contains("ragen:env/environment@0.2.0"), "{}", seen["config"]);
+
+    // oras-py pushes a plugin its own way; we pull it and run it.
+    let theirs = reg.reference("others/frozenlake:1");
+    oras(&["push", theirs.strip_prefix("oci://").unwrap(), plugin("frozenlake").to_str().unwrap()]);
+    let out = host(&cache, &["inspect", &theirs, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["name"], "frozenlake");
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    ragen_oci::sha256_digest(bytes).hex().to_string()
+}

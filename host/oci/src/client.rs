@@ -1,0 +1,276 @@
+//! Push and pull over the OCI distribution protocol ([`oci_client`], with
+//! [`oci_wasm`]'s artifact layout), blocking: the command line has nothing
+//! else to do meanwhile.
+
+use crate::explain::{Kind, Op, explain};
+use crate::{CONTRACT_ANNOTATION, Cache, Credentials, Digest, PluginRef, sha256_digest};
+use anyhow::{Context, Result, bail};
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest};
+use oci_wasm::{WASM_LAYER_MEDIA_TYPE, WasmClient, WasmConfig};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const TITLE_ANNOTATION: &str = "org.opencontainers.image.title";
+
+/// The older CNCF layout's layer type (wasm-to-oci), read but not written.
+const LEGACY_WASM_LAYER_MEDIA_TYPE: &str = "application/vnd.wasm.content.layer.v1+wasm";
+
+/// How to reach registries.
+#[derive(Clone, Debug)]
+pub struct RegistryOptions {
+    /// Speak plain HTTP instead of HTTPS: allowed only for a registry on
+    /// this machine, since credentials and plugins would otherwise cross
+    /// the network in the clear.
+    pub plain_http: bool,
+    /// How long to wait for a connection: a registry that is down fails
+    /// within it.
+    pub connect_timeout: Duration,
+    /// How long to wait for the next bytes of an answer.
+    pub read_timeout: Duration,
+    /// Where pulled plugins are kept (default: [`Cache::from_env`]).
+    pub cache: Option<Cache>,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        Self { plain_http: false, connect_timeout: Duration::from_secs(5), read_timeout: Duration::from_secs(60), cache: None }
+    }
+}
+
+/// A plugin pulled into the cache.
+#[derive(Clone, Debug)]
+pub struct Pulled {
+    /// The reference pinned to the manifest's digest.
+    pub reference: PluginRef,
+    pub manifest_digest: Digest,
+    /// The digest of the `.wasm` itself (its layer).
+    pub wasm_digest: Digest,
+    /// The verified `.wasm` in the cache.
+    pub path: PathBuf,
+    pub size: u64,
+    /// The manifest's annotations (name, version, description, contract).
+    pub annotations: BTreeMap<String, String>,
+    /// Whether nothing had to be fetched (a pinned reference already cached).
+    pub from_cache: bool,
+}
+
+/// A plugin pushed to a registry.
+#[derive(Clone, Debug)]
+pub struct Pushed {
+    /// The reference pinned to the manifest's digest.
+    pub reference: PluginRef,
+    pub manifest_digest: Digest,
+    pub wasm_digest: Digest,
+    pub size: u64,
+}
+
+/// A client for registries, with its cache.
+pub struct Registry {
+    rt: tokio::runtime::Runtime,
+    opts: RegistryOptions,
+    cache: Cache,
+}
+
+impl Registry {
+    pub fn new(opts: RegistryOptions) -> Result<Self> {
+        let cache = match &opts.cache {
+            Some(c) => c.clone(),
+            None => Cache::from_env()?,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the network runtime")?;
+        Ok(Self { rt, opts, cache })
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    /// Fetch `reference` (unless it is pinned and already cached), check
+    /// every byte against its digest, and keep it in the cache.
+    pub fn pull(&self, reference: &PluginRef) -> Result<Pulled> {
+        if let Some(digest) = reference.digest()
+            && let Some(pulled) = self.cached(reference, &digest)?
+        {
+            return Ok(pulled);
+        }
+        let (client, creds) = self.connect(reference)?;
+        self.rt.block_on(async {
+            let explained = |e| explain(e, reference, Op::Pull, &self.opts, &creds);
+            let (bytes, _) = match client.pull_manifest_raw(reference.inner(), &creds.auth, &[OCI_IMAGE_MEDIA_TYPE]).await {
+                Ok(found) => found,
+                Err(e) if Kind::of(&e) == Kind::NotFound => {
+                    let hint = tags_hint(&client, reference, &creds).await;
+                    return Err(anyhow::anyhow!("{:#}; {hint}", explained(e.into())));
+                }
+                Err(e) => return Err(explained(e.into())),
+            };
+            let manifest_digest = sha256_digest(&bytes);
+            if let Some(want) = reference.digest()
+                && want != manifest_digest
+            {
+                bail!("refusing {reference}: the registry sent a manifest whose digest is {manifest_digest}; it was changed in the registry or on the way");
+            }
+            let manifest = parse_manifest(&bytes, reference)?;
+            let layer = wasm_layer(&manifest, reference)?;
+            let wasm_digest = Digest::parse(&layer.digest).with_context(|| format!("the manifest of {reference}"))?;
+            let path = match self.cache.get(&wasm_digest)? {
+                Some(path) => path,
+                None => {
+                    let mut wasm = Vec::with_capacity(layer.size.max(0) as usize);
+                    client.pull_blob(reference.inner(), layer, &mut wasm).await.map_err(|e| explained(e.into()))?;
+                    self.cache.put(&wasm_digest, &wasm).with_context(|| format!("refusing {reference}"))?
+                }
+            };
+            self.cache.put(&manifest_digest, &bytes)?;
+            let size = std::fs::metadata(&path)?.len();
+            let annotations = manifest.annotations.clone().unwrap_or_default();
+            Ok(Pulled { reference: reference.pinned(&manifest_digest), manifest_digest, wasm_digest, path, size, annotations, from_cache: false })
+        })
+    }
+
+    /// The manifest digest `reference`'s tag points at now (a `HEAD`; no
+    /// plugin is fetched).
+    pub fn digest_of(&self, reference: &PluginRef) -> Result<Digest> {
+        let (client, creds) = self.connect(reference)?;
+        self.rt.block_on(async {
+            let digest = client
+                .fetch_manifest_digest(reference.inner(), &creds.auth)
+                .await
+                .map_err(|e| explain(e.into(), reference, Op::Pull, &self.opts, &creds))?;
+            Digest::parse(&digest).with_context(|| format!("the registry's digest for {reference}"))
+        })
+    }
+
+    /// Push `wasm` to `reference`'s tag with `annotations` on its manifest.
+    /// The config's creation time is `SOURCE_DATE_EPOCH` (else the Unix
+    /// epoch), so the same bytes always give the same manifest digest.
+    pub fn push(&self, reference: &PluginRef, wasm: &[u8], annotations: BTreeMap<String, String>) -> Result<Pushed> {
+        if reference.digest().is_some() {
+            bail!("push to a tag, not a digest ({reference}): the registry names the pushed manifest by its digest");
+        }
+        let (mut config, mut layer) = WasmConfig::from_raw_component(wasm.to_vec(), None)
+            .context("cannot describe the plugin in the wasm OCI layout (is it a WebAssembly component?)")?;
+        config.created = reproducible_time()?;
+        // A file name for the layer: `oras pull` writes (and without one
+        // skips) a layer by this annotation.
+        let title = format!("{}.wasm", reference.name());
+        layer.annotations = Some(BTreeMap::from([(TITLE_ANNOTATION.to_string(), title)]));
+        let wasm_digest = sha256_digest(wasm);
+        let (client, creds) = self.connect(reference)?;
+        self.rt.block_on(async {
+            let explained = |e| explain(e, reference, Op::Push, &self.opts, &creds);
+            client.push(reference.inner(), &creds.auth, layer, config, Some(annotations)).await.map_err(explained)?;
+            let digest = client.fetch_manifest_digest(reference.inner(), &creds.auth).await.map_err(|e| explained(e.into()))?;
+            let manifest_digest = Digest::parse(&digest).with_context(|| format!("the registry's digest for {reference}"))?;
+            Ok(Pushed { reference: reference.pinned(&manifest_digest), manifest_digest, wasm_digest, size: wasm.len() as u64 })
+        })
+    }
+
+    /// A pinned reference whose manifest and plugin are both cached and
+    /// intact: no network needed.
+    fn cached(&self, reference: &PluginRef, digest: &Digest) -> Result<Option<Pulled>> {
+        let Some(bytes) = self.cache.read(digest)? else { return Ok(None) };
+        let manifest = parse_manifest(&bytes, reference)?;
+        let layer = wasm_layer(&manifest, reference)?;
+        let wasm_digest = Digest::parse(&layer.digest)?;
+        let Some(path) = self.cache.get(&wasm_digest)? else { return Ok(None) };
+        let size = std::fs::metadata(&path)?.len();
+        let annotations = manifest.annotations.clone().unwrap_or_default();
+        Ok(Some(Pulled {
+            reference: reference.clone(),
+            manifest_digest: digest.clone(),
+            wasm_digest,
+            path,
+            size,
+            annotations,
+            from_cache: true,
+        }))
+    }
+
+    /// A client for `reference`'s registry, and the credentials to use.
+    fn connect(&self, reference: &PluginRef) -> Result<(WasmClient, Credentials)> {
+        let protocol = if self.opts.plain_http {
+            if !reference.is_loopback() {
+                bail!(
+                    "--plain-http is allowed only for a registry on this machine (localhost, 127.0.0.1, [::1]); \
+                     {} must be reached over HTTPS",
+                    reference.registry()
+                );
+            }
+            ClientProtocol::HttpsExcept(vec![reference.registry().to_string()])
+        } else {
+            ClientProtocol::Https
+        };
+        let config = ClientConfig {
+            protocol,
+            connect_timeout: Some(self.opts.connect_timeout),
+            read_timeout: Some(self.opts.read_timeout),
+            user_agent: concat!("ragen-rs/", env!("CARGO_PKG_VERSION")),
+            ..ClientConfig::default()
+        };
+        let client = oci_client::Client::try_from(config).context("cannot set up the registry client")?;
+        Ok((WasmClient::new(client), Credentials::for_registry(reference.registry())?))
+    }
+}
+
+/// What the repository does hold, for a reference that is not there.
+async fn tags_hint(client: &WasmClient, reference: &PluginRef, creds: &Credentials) -> String {
+    match client.list_tags(reference.inner(), &creds.auth, Some(20), None).await {
+        Ok(t) if !t.tags.is_empty() => format!("{} has the tags: {}", reference.repository(), t.tags.join(", ")),
+        _ => format!("{} holds no plugin yet: publish one with `ragen-host push FILE {reference}`", reference.repository()),
+    }
+}
+
+/// The manifest bytes as an OCI image manifest.
+fn parse_manifest(bytes: &[u8], reference: &PluginRef) -> Result<OciImageManifest> {
+    serde_json::from_slice(bytes).with_context(|| format!("{reference} is not an OCI image manifest (is it a container image index?)"))
+}
+
+/// The one WebAssembly layer of a plugin's manifest. Any config is
+/// accepted, so artifacts pushed by other tools (`oras push … x.wasm:application/wasm`) pull too.
+fn wasm_layer<'m>(manifest: &'m OciImageManifest, reference: &PluginRef) -> Result<&'m OciDescriptor> {
+    let wasm: Vec<&OciDescriptor> =
+        manifest.layers.iter().filter(|l| l.media_type == WASM_LAYER_MEDIA_TYPE || l.media_type == LEGACY_WASM_LAYER_MEDIA_TYPE).collect();
+    match (wasm.as_slice(), manifest.layers.len()) {
+        ([one], 1) => Ok(one),
+        _ => bail!(
+            "{reference} is not a plugin: a plugin's manifest has exactly one `{WASM_LAYER_MEDIA_TYPE}` layer; \
+             this one has {} layer(s) of types [{}]",
+            manifest.layers.len(),
+            manifest.layers.iter().map(|l| l.media_type.as_str()).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
+/// `SOURCE_DATE_EPOCH` (the reproducible-builds convention), else 0.
+fn reproducible_time() -> Result<chrono::DateTime<chrono::Utc>> {
+    let secs = match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(v) => v.trim().parse::<i64>().with_context(|| format!("SOURCE_DATE_EPOCH `{v}` is not a number of seconds"))?,
+        Err(_) => 0,
+    };
+    chrono::DateTime::from_timestamp(secs, 0).with_context(|| format!("SOURCE_DATE_EPOCH {secs} is out of range"))
+}
+
+/// The standard annotations of a plugin's manifest, from its own `info()`.
+///
+/// # Examples
+///
+/// ```
+/// let a = ragen_oci::annotations("sokoban", "0.2.0", "Push boxes onto targets.", "ragen:env@0.2.0");
+/// assert_eq!(a["org.opencontainers.image.title"], "sokoban");
+/// assert_eq!(a[ragen_oci::CONTRACT_ANNOTATION], "ragen:env@0.2.0");
+/// ```
+pub fn annotations(name: &str, version: &str, description: &str, contract: &str) -> BTreeMap<String, String> {
+    [
+        (TITLE_ANNOTATION, name),
+        ("org.opencontainers.image.version", version),
+        ("org.opencontainers.image.description", description),
+        (CONTRACT_ANNOTATION, contract),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
