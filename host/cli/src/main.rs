@@ -31,7 +31,9 @@ use std::time::Duration;
     about = "Run and check ragen-rs environment plugins (WebAssembly components).",
     long_about = "Run and check ragen-rs environment plugins.\n\n\
         A plugin is one .wasm component implementing wit/env.wit; it describes itself, so the \
-        file is all you need. `make plugins` builds the shipped ones into target/plugins/.\n\n\
+        file is all you need. `make plugins` builds the shipped ones into target/plugins/. \
+        Wherever a plugin is named, oci://registry/namespace/name:tag (or @sha256:…) works too: \
+        it is pulled from that registry and checked against its digest (see `push`, `pull`).\n\n\
         Examples:\n  \
         ragen-host inspect target/plugins/sokoban.wasm --set dim_x=8\n  \
         ragen-host validate my-env.wasm\n  \
@@ -39,6 +41,8 @@ use std::time::Duration;
         ragen-host bench target/plugins/sokoban.wasm --envs 1024 --json\n  \
         ragen-host eval --env target/plugins/sokoban.wasm --policy random --json\n  \
         ragen-host train --env target/plugins/bandit.wasm --steps 20 --out runs/bandit\n  \
+        ragen-host push target/plugins/sokoban.wasm ghcr.io/you/sokoban:0.2\n  \
+        ragen-host train --env oci://ghcr.io/you/sokoban:0.2 --out runs/sokoban\n  \
         ragen-host eval --env target/plugins/bandit.wasm --checkpoint runs/bandit\n  \
         ragen-host chat --model target/models/SmolLM2-135M-Instruct.Q4_1.gguf \"Say hello.\"\n  \
         ragen-host eval --env target/plugins/bandit.wasm --model target/models/SmolLM2-135M-Instruct.Q4_1.gguf"

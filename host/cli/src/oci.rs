@@ -126,7 +126,7 @@ pub fn pull(reference: &PluginRef, out: Option<&Path>, plain_http: bool) -> Resu
     let annotation = |key: &str| pulled.annotations.get(key).map(|v| crate::term::escape(v));
     let what = match (annotation("org.opencontainers.image.title"), annotation("org.opencontainers.image.version")) {
         (Some(title), Some(version)) => format!("{title} {version}"),
-        (Some(title), None) => title,
+        (Some(title), None) => title.into_owned(),
         _ => "the plugin".to_string(),
     };
     eprintln!("wrote {what} to {} (wasm {})", out.display(), pulled.wasm_digest);
