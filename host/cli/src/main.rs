@@ -57,8 +57,8 @@ struct Cli {
     /// plugin's bytes, the wasmtime version and its settings.
     #[arg(long, global = true)]
     no_cache: bool,
-    /// Reach an `oci://` registry on this machine (localhost, 127.0.0.1,
-    /// [::1]) over plain HTTP instead of HTTPS, e.g. a test registry
+    /// Reach an `oci://` registry on this machine (localhost or
+    /// 127.0.0.0/8) over plain HTTP instead of HTTPS, e.g. a test registry
     /// started with `docker-registry serve`. Refused for any other host.
     #[arg(long, global = true)]
     plain_http: bool,
@@ -355,9 +355,11 @@ fn parse_plugin_ref(s: &str) -> Result<PluginRef, String> {
 #[derive(Args)]
 struct EvalArgs {
     /// The environment plugin: a .wasm file or
-    /// oci://registry/namespace/name:tag (or @sha256:…).
-    #[arg(long)]
-    env: PluginSource,
+    /// oci://registry/namespace/name:tag (or @sha256:…). With
+    /// --checkpoint it defaults to the plugin the run trained on (pinned
+    /// by its digest when it came from a registry).
+    #[arg(long, required_unless_present = "checkpoint")]
+    env: Option<PluginSource>,
     /// `random` (uniform well-formed answers; envs with action names
     /// only), `sokoban-solver` (replays BFS solutions) or
     /// `countdown-solver` (an expression found by exact search); ignored
@@ -561,7 +563,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
 /// `eval`: the agent config from --config or the checkpoint's run, then
 /// the evaluation.
 fn eval_command(a: EvalArgs, plain_http: bool) -> Result<()> {
-    let (mut config, sampling) = match (&a.config, &a.checkpoint) {
+    let run = match &a.checkpoint {
+        Some(path) => Some(ragen_learner::TrainConfig::load(&ragen_learner::find_checkpoint(path)?.0.config())?),
+        None => None,
+    };
+    let (mut config, sampling) = match (&a.config, &run) {
         // A training config is a superset: its [rollout], [prompt], [env]
         // and a pretrained model's [sampling] apply.
         (Some(path), _) => {
@@ -569,8 +575,13 @@ fn eval_command(a: EvalArgs, plain_http: bool) -> Result<()> {
             (c.agent, Some(c.sampling))
         }
         // A trained policy is evaluated under the prompts and settings it trained with.
-        (None, Some(path)) => (ragen_learner::TrainConfig::load(&ragen_learner::find_checkpoint(path)?.0.config())?.agent, None),
+        (None, Some(run)) => (run.agent.clone(), None),
         (None, None) => (ragen_agent::AgentConfig::default(), None),
+    };
+    let env = match (a.env, &run) {
+        (Some(env), _) => env,
+        (None, Some(run)) => oci::PluginSource::of_run(&run.plugin)?,
+        (None, None) => bail!("name the plugin with --env (a .wasm file or oci://…)"),
     };
     if a.no_think {
         config.rollout.enable_think = false;
@@ -580,7 +591,7 @@ fn eval_command(a: EvalArgs, plain_http: bool) -> Result<()> {
         None => None,
     };
     let opts = eval::Options {
-        env: a.env.local(plain_http)?,
+        env: env.local(plain_http)?,
         policy: a.policy,
         checkpoint: a.checkpoint,
         model,

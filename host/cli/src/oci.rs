@@ -55,6 +55,16 @@ impl PluginSource {
         }
     }
 
+    /// The plugin a training run recorded in its `[plugin]`: its registry
+    /// reference pinned by the digest it trained on, or its file.
+    pub fn of_run(record: &ragen_learner::PluginRecord) -> Result<Self> {
+        let source = record.source.as_deref().context("the run's config.toml names no plugin ([plugin] source): pass --env")?;
+        Ok(match (source.parse::<Self>()?, &record.digest) {
+            (Self::Oci(r), Some(d)) => Self::Oci(r.pinned(&ragen_oci::Digest::parse(d).context("the run's [plugin] digest")?)),
+            (other, _) => other,
+        })
+    }
+
     /// [`fetch`](Self::fetch), when only the path is needed.
     pub fn local(&self, plain_http: bool) -> Result<PathBuf> {
         Ok(self.fetch(plain_http)?.path)

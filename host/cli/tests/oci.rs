@@ -189,6 +189,13 @@ fn train_from_a_registry_records_the_digest_and_a_moved_tag_is_reported_on_resum
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 3);
     assert!(metrics.lines().all(|l| l.contains(&digest)), "{metrics}");
+
+    // `eval --checkpoint` takes the run's own plugin by its digest: from
+    // the cache, even with the registry gone.
+    drop(reg);
+    let out = host(&cache, &["eval", "--checkpoint", run.to_str().unwrap(), "--episodes", "4", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains(&format!("@{digest} (from the cache")), "{}", text(&out));
 }
 
 #[test]
@@ -274,6 +281,30 @@ fn credentials_come_from_the_environment_and_are_never_printed() {
     let out = host_env(&cache, &["pull", &tag, "-o", scratch("oci").join("auth.wasm").to_str().unwrap()], &right);
     pinned(&out);
     assert!(!text(&out).contains(PASSWORD));
+
+    // `docker login`'s entry in the Docker config works the same.
+    let docker = scratch("oci").join("docker-config");
+    std::fs::create_dir_all(&docker).unwrap();
+    let auth = base64(format!("{USER}:{PASSWORD}").as_bytes());
+    let registry = tag.strip_prefix("oci://").unwrap().split('/').next().unwrap();
+    std::fs::write(docker.join("config.json"), format!(r#"{{"auths": {{"{registry}": {{"auth": "{auth}"}}}}}}"#)).unwrap();
+    let out = host_env(&fresh_cache("auth-docker"), &["pull", &tag], &[("DOCKER_CONFIG", docker.to_str().unwrap())]);
+    pinned(&out);
+    assert!(!text(&out).contains(PASSWORD) && !text(&out).contains(&auth));
+}
+
+/// Standard base64 with padding, as the Docker config stores `user:password`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | ((b as u32) << (16 - 8 * i)));
+        for i in 0..4 {
+            let c = if i <= chunk.len() { ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char } else { '=' };
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// ORAS's Python SDK, from `make oras-client`.

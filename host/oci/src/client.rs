@@ -10,6 +10,8 @@ use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest
 use oci_wasm::{WASM_LAYER_MEDIA_TYPE, WasmClient, WasmConfig};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 const TITLE_ANNOTATION: &str = "org.opencontainers.image.title";
@@ -118,9 +120,9 @@ impl Registry {
             let path = match self.cache.get(&wasm_digest)? {
                 Some(path) => path,
                 None => {
-                    let mut wasm = Vec::with_capacity(layer.size.max(0) as usize);
+                    let mut wasm = Bounded::new(layer.size, reference)?;
                     client.pull_blob(reference.inner(), layer, &mut wasm).await.map_err(|e| explained(e.into()))?;
-                    self.cache.put(&wasm_digest, &wasm).with_context(|| format!("refusing {reference}"))?
+                    self.cache.put(&wasm_digest, &wasm.bytes).with_context(|| format!("refusing {reference}"))?
                 }
             };
             self.cache.put(&manifest_digest, &bytes)?;
@@ -194,7 +196,7 @@ impl Registry {
         let protocol = if self.opts.plain_http {
             if !reference.is_loopback() {
                 bail!(
-                    "--plain-http is allowed only for a registry on this machine (localhost, 127.0.0.1, [::1]); \
+                    "--plain-http is allowed only for a registry on this machine (localhost or 127.0.0.0/8); \
                      {} must be reached over HTTPS",
                     reference.registry()
                 );
@@ -220,6 +222,48 @@ async fn tags_hint(client: &WasmClient, reference: &PluginRef, creds: &Credentia
     match client.list_tags(reference.inner(), &creds.auth, Some(20), None).await {
         Ok(t) if !t.tags.is_empty() => format!("{} has the tags: {}", reference.repository(), t.tags.join(", ")),
         _ => format!("{} holds no plugin yet: publish one with `ragen-host push FILE {reference}`", reference.repository()),
+    }
+}
+
+/// The largest plugin pulled: a registry is not trusted to say how much
+/// memory a pull may take.
+pub const MAX_PLUGIN_BYTES: u64 = 512 << 20;
+
+/// The buffer a layer is pulled into: no more bytes than the manifest
+/// declared (and never more than [`MAX_PLUGIN_BYTES`]), so a registry that
+/// streams without end fails the pull instead of filling memory.
+struct Bounded {
+    bytes: Vec<u8>,
+    limit: usize,
+}
+
+impl Bounded {
+    fn new(declared: i64, reference: &PluginRef) -> Result<Self> {
+        let limit = u64::try_from(declared).unwrap_or(u64::MAX);
+        if limit > MAX_PLUGIN_BYTES {
+            bail!("{reference} declares a {declared}-byte plugin; the limit is {MAX_PLUGIN_BYTES} bytes");
+        }
+        Ok(Self { bytes: Vec::with_capacity(limit as usize), limit: limit as usize })
+    }
+}
+
+impl tokio::io::AsyncWrite for Bounded {
+    fn poll_write(self: Pin<&mut Self>, _: &mut TaskContext<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.bytes.len() + buf.len() > this.limit {
+            let e = format!("the registry sent more than the {} bytes its manifest declares", this.limit);
+            return Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)));
+        }
+        this.bytes.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -273,4 +317,32 @@ pub fn annotations(name: &str, version: &str, description: &str, contract: &str)
     .filter(|(_, v)| !v.is_empty())
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWrite;
+
+    fn write(b: &mut Bounded, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut cx = TaskContext::from_waker(std::task::Waker::noop());
+        match Pin::new(b).poll_write(&mut cx, bytes) {
+            Poll::Ready(r) => r,
+            Poll::Pending => unreachable!("a Vec is always ready"),
+        }
+    }
+
+    #[test]
+    fn a_pull_takes_no_more_than_the_manifest_declares() {
+        let r = PluginRef::parse("localhost:5000/x/y:1").unwrap();
+        let mut b = Bounded::new(10, &r).unwrap();
+        assert_eq!(write(&mut b, b"0123456").unwrap(), 7);
+        let e = write(&mut b, b"7890").unwrap_err().to_string();
+        assert!(e.contains("more than the 10 bytes"), "{e}");
+        assert_eq!(b.bytes, b"0123456");
+        for declared in [-1, MAX_PLUGIN_BYTES as i64 + 1] {
+            let e = Bounded::new(declared, &r).err().unwrap().to_string();
+            assert!(e.contains("the limit is"), "{e}");
+        }
+    }
 }

@@ -91,10 +91,8 @@ impl PluginRef {
     /// Whether the registry is on this machine: the only place plain HTTP
     /// is allowed.
     pub fn is_loopback(&self) -> bool {
-        let host = match self.registry().strip_prefix('[') {
-            Some(v6) => v6.split(']').next().unwrap_or_default(),
-            None => self.registry().split(':').next().unwrap_or_default(),
-        };
+        // (An IPv6 literal, `[::1]`, is not a valid reference host.)
+        let host = self.registry().split(':').next().unwrap_or_default();
         host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
     }
 
@@ -133,7 +131,6 @@ mod tests {
             ("localhost:5000/x/y", true),
             ("127.0.0.1:5000/x/y", true),
             ("127.8.0.1/x/y", true),
-            ("[::1]:5000/x/y", true),
             ("10.0.0.1:5000/x/y", false),
             ("ghcr.io/x/y", false),
             ("localhost.example.com/x/y", false),
