@@ -16,7 +16,7 @@
 #                  tests/openenv/requirements.txt) in target/openenv-venv, for
 #                  the test that it drives `ragen-host serve`
 #   make oras-client  ORAS's Python SDK (oras, pinned in tests/oci/requirements.txt)
-#                  in target/oras-venv, for the test that it reads what
+#                  in target/oci-venv, for the test that it reads what
 #                  `ragen-host push` publishes (and we read its pushes)
 #   make bench-serve  the server under load: 1,000 WebSocket sessions x 100
 #                  steps on loopback, checked against in-process replay
@@ -149,28 +149,22 @@ python: $(PYENV)/installed
 	$(PYENV)/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps $(WHEEL_DIR)/ragen_envs-*.whl
 	@echo "  built $$(ls $(WHEEL_DIR)/ragen_envs-*.whl) and installed it into $(PYENV)"
 
-# openenv-core's client and the few of its dependencies it imports, every
-# version pinned, installed without dependency resolution (its server, web
-# UI and CLI extras would add 330 MB).
-OPENENV_VENV := target/openenv-venv
-$(OPENENV_VENV)/installed: tests/openenv/requirements.txt
-	rm -rf $(OPENENV_VENV)
-	python3 -m venv $(OPENENV_VENV)
-	$(OPENENV_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r tests/openenv/requirements.txt
+# The Python clients the CLI tests drive, each in its own virtualenv
+# target/NAME-venv from tests/NAME/requirements.txt, every version pinned,
+# installed without dependency resolution:
+# - openenv: openenv-core's client and the few of its dependencies it
+#   imports (its server, web UI and CLI extras would add 330 MB), for
+#   ragen-host serve (host/cli/tests/serve.rs);
+# - oci: ORAS's Python SDK, the independent registry client of the
+#   push/pull interoperability test (host/cli/tests/oci.rs).
+target/%-venv/installed: tests/%/requirements.txt
+	rm -rf target/$*-venv
+	python3 -m venv target/$*-venv
+	target/$*-venv/bin/pip install -q --disable-pip-version-check --no-deps -r $<
 	@touch $@
 
-openenv-client: $(OPENENV_VENV)/installed
-
-# ORAS's Python SDK, the independent registry client of the push/pull
-# interoperability test (host/cli/tests/oci.rs), every version pinned.
-ORAS_VENV := target/oras-venv
-$(ORAS_VENV)/installed: tests/oci/requirements.txt
-	rm -rf $(ORAS_VENV)
-	python3 -m venv $(ORAS_VENV)
-	$(ORAS_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r tests/oci/requirements.txt
-	@touch $@
-
-oras-client: $(ORAS_VENV)/installed
+openenv-client: target/openenv-venv/installed
+oras-client: target/oci-venv/installed
 
 $(MODEL_FILE):
 	@mkdir -p $(MODEL_DIR)

@@ -307,21 +307,9 @@ fn base64(bytes: &[u8]) -> String {
     out
 }
 
-/// ORAS's Python SDK, from `make oras-client`.
-fn oras_python() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = root.join("target/oras-venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `make oras-client` (oras from PyPI, pinned in tests/oci/requirements.txt)",
-        python.display()
-    );
-    python
-}
-
 fn oras(args: &[&str]) -> serde_json::Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/oci/oras_interop.py");
-    let out = Command::new(oras_python()).arg(script).args(args).output().unwrap();
+    let out = Command::new(common::venv_python("oci", "oras-client")).arg(script).args(args).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
 }

@@ -64,14 +64,7 @@ impl Served {
 
 /// The virtualenv with openenv-core's client (`make openenv-client`).
 fn openenv_python() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = root.join("target/openenv-venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `make openenv-client` (openenv-core from PyPI, pinned in tests/openenv/requirements.txt)",
-        python.display()
-    );
-    python
+    common::venv_python("openenv", "openenv-client")
 }
 
 #[test]

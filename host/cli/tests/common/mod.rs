@@ -33,6 +33,15 @@ pub fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// The Python of a test virtualenv `target/NAME-venv`, which `make
+/// MAKE_TARGET` installs from `tests/NAME/requirements.txt`.
+pub fn venv_python(name: &str, make_target: &str) -> PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = root.join(format!("target/{name}-venv/bin/python"));
+    assert!(python.exists(), "{} is missing: run `make {make_target}` (pinned in tests/{name}/requirements.txt)", python.display());
+    python
+}
+
 pub fn ragen_host(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ragen-host")).args(args).stdin(Stdio::null()).output().unwrap()
 }
