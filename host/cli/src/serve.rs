@@ -103,8 +103,9 @@ pub fn run(args: ServeArgs, plain_http: bool) -> Result<()> {
         let stop = server.shutdown_token();
         tokio::spawn(async move {
             ragen_serve::shutdown_signal().await;
-            info!("stopping: in-flight calls finish, new ones are refused");
+            // Stop first: whatever happens to the log line, the server stops.
             stop.cancel();
+            info!("stopping: in-flight calls finish, new ones are refused");
         });
         server.serve(listener).await
     })?;
@@ -126,6 +127,10 @@ fn init_logs(json: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
+    // A log reader that went away (`| head`, a dead collector) must not stop
+    // the server: tracing-subscriber would report the failed write with
+    // `eprintln!`, which panics on the same closed pipe, in whatever task
+    // was logging, shutdown included.
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).log_internal_errors(false);
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }

@@ -125,3 +125,30 @@ fn sigterm_lets_in_flight_calls_finish() {
     assert!(clean, "serve exits 0 after SIGTERM: {log}");
     assert!(log.contains("stopping"), "the log says it is stopping: {log}");
 }
+
+/// A server whose log reader went away (`| head`, a collector that died)
+/// still stops on SIGTERM: a failed log write must not kill the task that
+/// stops it.
+#[test]
+fn sigterm_stops_the_server_after_its_log_reader_is_gone() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ragen-host"))
+        .args(["serve", plugin("bandit").to_str().unwrap(), "--port", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.starts_with("listening on"), "{line:?}");
+    drop(child.stderr.take());
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(20) {
+            child.kill().unwrap();
+            panic!("serve did not stop within 20 s of SIGTERM once its log pipe was closed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
