@@ -156,6 +156,24 @@ fn push_then_pull_gives_the_same_bytes_and_digest_by_tag_and_by_digest() {
     assert!(again.status.success() && text(&again).contains("from the cache"), "{}", text(&again));
     let info: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(info["name"], "bandit");
+    // Every other command that takes a plugin takes the pinned reference too.
+    let validate = host(&other_cache, &["validate", &pushed, "--seeds", "4"]);
+    assert!(validate.status.success(), "{}", text(&validate));
+    let bench = host(&other_cache, &["bench", &pushed, "--envs", "8", "--seconds", "0.2", "--json"]);
+    assert!(bench.status.success(), "{}", text(&bench));
+    let play = Command::new(env!("CARGO_BIN_EXE_ragen-host"))
+        .args(["play", &pushed])
+        .env("RAGEN_OCI_CACHE", &other_cache)
+        .stdin(std::fs::File::open(write_scratch("play-keys", "quit\n")).unwrap())
+        .output()
+        .unwrap();
+    assert!(play.status.success() && text(&play).contains("bandit"), "{}", text(&play));
+}
+
+fn write_scratch(name: &str, contents: &str) -> PathBuf {
+    let path = scratch("oci").join(name);
+    std::fs::write(&path, contents).unwrap();
+    path
 }
 
 #[test]
