@@ -306,7 +306,11 @@ fn credentials_come_from_the_environment_and_are_never_printed() {
     let auth = base64(format!("{USER}:{PASSWORD}").as_bytes());
     let registry = tag.strip_prefix("oci://").unwrap().split('/').next().unwrap();
     std::fs::write(docker.join("config.json"), format!(r#"{{"auths": {{"{registry}": {{"auth": "{auth}"}}}}}}"#)).unwrap();
-    let out = host_env(&fresh_cache("auth-docker"), &["pull", &tag], &[("DOCKER_CONFIG", docker.to_str().unwrap())]);
+    let out = host_env(
+        &fresh_cache("auth-docker"),
+        &["pull", &tag, "-o", scratch("oci").join("auth-docker.wasm").to_str().unwrap()],
+        &[("DOCKER_CONFIG", docker.to_str().unwrap())],
+    );
     pinned(&out);
     assert!(!text(&out).contains(PASSWORD) && !text(&out).contains(&auth));
 }
