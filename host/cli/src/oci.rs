@@ -55,11 +55,17 @@ impl PluginSource {
         }
     }
 
+    /// What a training run's `[plugin] source` says, as it said it (a tag
+    /// stays a tag).
+    pub fn recorded(record: &ragen_learner::PluginRecord) -> Result<Self> {
+        let source = record.source.as_deref().context("the run's config.toml names no plugin ([plugin] source): pass --env")?;
+        source.parse()
+    }
+
     /// The plugin a training run recorded in its `[plugin]`: its registry
     /// reference pinned by the digest it trained on, or its file.
     pub fn of_run(record: &ragen_learner::PluginRecord) -> Result<Self> {
-        let source = record.source.as_deref().context("the run's config.toml names no plugin ([plugin] source): pass --env")?;
-        Ok(match (source.parse::<Self>()?, &record.digest) {
+        Ok(match (Self::recorded(record)?, &record.digest) {
             (Self::Oci(r), Some(d)) => Self::Oci(r.pinned(&ragen_oci::Digest::parse(d).context("the run's [plugin] digest")?)),
             (other, _) => other,
         })

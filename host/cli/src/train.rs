@@ -31,8 +31,8 @@ pub fn run(opts: Options) -> Result<()> {
         return Err(opts.backend.missing());
     }
     let (mut config, out, resume) = resolve(&opts)?;
-    let (source, path) = plugin_for_run(&opts, &mut config, resume)?;
-    let plugin = Arc::new(Plugin::from_file_with(&path, config.agent.sandbox.limits()?)?);
+    let (source, wasm) = plugin_for_run(&opts, &mut config, resume)?;
+    let plugin = Arc::new(Plugin::from_bytes(&wasm, &source.to_string(), config.agent.sandbox.limits()?)?);
     let stop = stop_on_ctrl_c()?;
     let policy = match &config.model_path {
         Some(m) if config.lora.is_on() => format!("`{}` with LoRA rank {}", m.display(), config.lora.rank),
@@ -94,19 +94,16 @@ fn resolve(opts: &Options) -> Result<(TrainConfig, PathBuf, bool)> {
     Ok((config, out, resume))
 }
 
-/// The plugin to train on, as a file, recorded in the config's
-/// `[plugin]`. A resumed run takes its own plugin: pinned by its digest
-/// when it came from a registry (saying so when the tag has moved since),
-/// else its file (warning when the file's bytes changed).
-fn plugin_for_run(opts: &Options, config: &mut TrainConfig, resume: bool) -> Result<(PluginSource, PathBuf)> {
+/// The plugin to train on, and its bytes (read once: hashed here, loaded
+/// by the caller), recorded in the config's `[plugin]`. A resumed run
+/// takes its own plugin: pinned by its digest when it came from a registry
+/// (saying so when the tag has moved since), else its file (warning when
+/// the file's bytes changed).
+fn plugin_for_run(opts: &Options, config: &mut TrainConfig, resume: bool) -> Result<(PluginSource, Vec<u8>)> {
     let recorded = config.plugin.clone();
     let source = match &opts.env {
         Some(s) => s.clone(),
-        None => recorded
-            .source
-            .as_deref()
-            .context("this run's config.toml names no plugin ([plugin] source): pass --env")?
-            .parse::<PluginSource>()?,
+        None => PluginSource::recorded(&recorded)?,
     };
     let fetch = match (&source, &recorded.digest) {
         (PluginSource::Oci(r), Some(run_digest)) if resume => pinned_for_resume(r, run_digest, opts.plain_http)?,
@@ -126,7 +123,7 @@ fn plugin_for_run(opts: &Options, config: &mut TrainConfig, resume: bool) -> Res
         digest: fetched.pulled.as_ref().map(|p| p.manifest_digest.to_string()),
         wasm_digest: Some(wasm_digest),
     };
-    Ok((source, fetched.path))
+    Ok((source, bytes))
 }
 
 /// The plugin a resumed run trained on (`run_digest`), given the reference

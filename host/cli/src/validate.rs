@@ -570,7 +570,6 @@ impl Validator<'_> {
     }
 }
 
-/// Run every check on `file`, telling `progress` which one is starting.
 /// [`validate`] with a spinner naming the check under way.
 pub fn run_with_spinner(file: &Path, opts: &Options) -> Report {
     let spinner = indicatif::ProgressBar::new_spinner();
@@ -584,6 +583,7 @@ pub fn run_with_spinner(file: &Path, opts: &Options) -> Report {
     report
 }
 
+/// Run every check on `file`, telling `progress` which one is starting.
 pub fn validate(file: &Path, opts: &Options, progress: &mut dyn FnMut(&str)) -> Report {
     let name = file.display().to_string();
     let mut checks = Vec::new();
