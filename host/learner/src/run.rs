@@ -14,9 +14,9 @@ use crate::schedule::LrSchedule;
 use crate::trainee::{BaseModel, Chat, Scratch, Trainee};
 use crate::update::{Learner, UpdateStats};
 use anyhow::{Context, Result, bail};
-use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::{Policy, RolloutConfig, RolloutRunner, Trajectory, summarize};
 use ragen_policy::PluginTokenizer;
+use ragen_policy::TrainBackend;
 use ragen_runtime::{EnvSpec, Plugin, next_seed};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -127,7 +127,7 @@ impl CollapseAlarm {
 /// if `resume`: the from-scratch transformer, or the pretrained model that
 /// `model_path` names. `on_step` sees every step's metrics (for a progress
 /// bar); `stop` ends the run after the current step, with a checkpoint.
-pub fn train<B: AutodiffBackend>(
+pub fn train<B: TrainBackend>(
     plugin: Arc<Plugin>,
     config: &TrainConfig,
     out: &Path,
@@ -150,7 +150,7 @@ pub fn train<B: AutodiffBackend>(
 }
 
 /// The steps of a run, from the start or its checkpoint, to the end or a stop.
-fn drive<B: AutodiffBackend, T: Trainee<B>>(
+fn drive<B: TrainBackend, T: Trainee<B>>(
     mut run: Run<'_, B, T>,
     resume: bool,
     stop: &AtomicBool,
@@ -209,7 +209,7 @@ fn drive<B: AutodiffBackend, T: Trainee<B>>(
 }
 
 /// A run in progress: what [`train`] keeps between steps.
-struct Run<'c, B: AutodiffBackend, T: Trainee<B>> {
+struct Run<'c, B: TrainBackend, T: Trainee<B>> {
     config: &'c TrainConfig,
     dir: RunDir,
     runner: RolloutRunner,
@@ -228,7 +228,7 @@ struct Run<'c, B: AutodiffBackend, T: Trainee<B>> {
     device: B::Device,
 }
 
-impl<'c, B: AutodiffBackend, T: Trainee<B>> Run<'c, B, T> {
+impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     /// The run directory, the training and validation rollout runners, and
     /// the trainee and its learner from `build`, seeded from the config.
     fn open(
@@ -407,7 +407,7 @@ impl<'c, B: AutodiffBackend, T: Trainee<B>> Run<'c, B, T> {
 /// or a full disk mid-write never leaves a damaged checkpoint in place.
 fn save_checkpoint<B, M>(learner: &Learner<B, M>, target: &Path, state: CheckpointState) -> Result<()>
 where
-    B: AutodiffBackend,
+    B: TrainBackend,
     M: ragen_policy::PolicyNetwork<B> + burn::module::AutodiffModule<B, InnerModule: ragen_policy::PolicyNetwork<B::InnerBackend>>,
 {
     let tmp = target.with_extension("tmp");
@@ -427,7 +427,7 @@ where
 
 /// The tokenizer, grammar, model and learner a config describes for an env
 /// (freshly initialised; training and evaluation share this).
-pub fn build_learner<B: AutodiffBackend>(
+pub fn build_learner<B: TrainBackend>(
     config: &TrainConfig,
     spec: &ragen_runtime::EnvSpec,
     device: B::Device,
@@ -456,7 +456,7 @@ pub fn find_checkpoint(path: &Path) -> Result<(RunDir, PathBuf)> {
 /// sampling at the run's validation temperature from `seed`, the run's
 /// config, and which checkpoint it read. A pretrained model's checkpoint is
 /// refused on another model file than the one it was trained on.
-pub fn load_trained<B: AutodiffBackend>(
+pub fn load_trained<B: TrainBackend>(
     path: &Path,
     spec: &ragen_runtime::EnvSpec,
     device: B::Device,
@@ -481,7 +481,7 @@ pub fn load_trained<B: AutodiffBackend>(
 
 /// The policy of a freshly built trainee and learner once `checkpoint` is
 /// loaded into it.
-fn loaded<B: AutodiffBackend, T: Trainee<B>>(
+fn loaded<B: TrainBackend, T: Trainee<B>>(
     (trainee, mut learner): (T, Learner<B, T::Net>),
     checkpoint: &Path,
     temperature: f32,

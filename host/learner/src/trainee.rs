@@ -12,16 +12,16 @@ use crate::config::TrainConfig;
 use crate::update::Learner;
 use anyhow::{Context, Result, ensure};
 use burn::module::AutodiffModule;
-use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::{Policy, Tokenizer};
 use ragen_llm::{Llm, LlmConfig, LlmPolicy, LlmSampling, Pretrained};
+use ragen_policy::TrainBackend;
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModel, PolicyModelConfig, PolicyNetwork, SamplingConfig};
 use ragen_runtime::{ActionSpace, EnvSpec};
 use std::path::{Path, PathBuf};
 
 /// How a run turns its network into a policy, and what the learner needs
 /// to lay out its conversations.
-pub trait Trainee<B: AutodiffBackend + 'static> {
+pub trait Trainee<B: TrainBackend + 'static> {
     type Net: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>;
 
     /// The tokenizer the policy's conversations are laid out with.
@@ -48,7 +48,7 @@ pub struct Scratch {
 impl Scratch {
     /// The tokenizer, grammar, model and learner `config` describes for an
     /// env (freshly initialised from the backend's seeded generator).
-    pub fn build<B: AutodiffBackend>(config: &TrainConfig, spec: &EnvSpec, device: B::Device) -> Result<(Self, Learner<B>)> {
+    pub fn build<B: TrainBackend>(config: &TrainConfig, spec: &EnvSpec, device: B::Device) -> Result<(Self, Learner<B>)> {
         if let ActionSpace::Text(text) = &spec.action_space {
             anyhow::bail!(
                 "this env's action is free text ({}), and a model trained from scratch can only pick action names; \
@@ -69,7 +69,7 @@ impl Scratch {
     }
 }
 
-impl<B: AutodiffBackend> Trainee<B> for Scratch {
+impl<B: TrainBackend> Trainee<B> for Scratch {
     type Net = PolicyModel<B>;
 
     fn tokenizer(&self) -> &dyn Tokenizer {
@@ -130,7 +130,7 @@ impl BaseModel {
 impl Chat {
     /// Load the model `path` names, add the value head and the adapters of
     /// `config.lora`, and build its learner (no grammar: replies are free).
-    pub fn build<B: AutodiffBackend>(config: &TrainConfig, path: &Path, device: B::Device) -> Result<(Self, Learner<B, Llm<B>>)> {
+    pub fn build<B: TrainBackend>(config: &TrainConfig, path: &Path, device: B::Device) -> Result<(Self, Learner<B, Llm<B>>)> {
         let resolved = config.resolve()?;
         let pretrained = Pretrained::<B>::load(path, &device)?;
         let max_new_tokens = config.sampling.max_new_tokens;
@@ -167,7 +167,7 @@ impl BaseModel {
     }
 }
 
-impl<B: AutodiffBackend> Trainee<B> for Chat {
+impl<B: TrainBackend> Trainee<B> for Chat {
     type Net = Llm<B>;
 
     fn tokenizer(&self) -> &dyn Tokenizer {

@@ -8,7 +8,6 @@ use crate::model::Llm;
 use crate::policy::StopRule;
 use burn::module::AutodiffModule;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use ragen_env_sdk::SeedRng;
 use ragen_policy::{Sampling, sample_batch};
 use serde::Serialize;
@@ -57,7 +56,7 @@ fn rate(min_time: Duration, mut f: impl FnMut() -> usize) -> f64 {
 
 /// Measure `model` (an autodiff model, for the backward pass; prefill and
 /// sampling run on its inner backend, as inference does).
-pub fn bench_llm<B: AutodiffBackend>(model: &Llm<B>, config: &LlmBenchConfig, device: &B::Device) -> LlmBenchReport {
+pub fn bench_llm<B: ragen_policy::TrainBackend>(model: &Llm<B>, config: &LlmBenchConfig, device: &B::Device) -> LlmBenchReport {
     let inference = model.clone().valid();
     let inner_device = device.clone();
     let b = config.prompts.len();

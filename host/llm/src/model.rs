@@ -15,7 +15,7 @@ use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use ragen_policy::{CausalLm, KvCache, PolicyNetwork, Rotation};
+use ragen_policy::{AttentionBackend, CausalLm, KvCache, PolicyNetwork, Rotation};
 use std::path::Path;
 
 /// A pretrained causal language model with a value head.
@@ -98,7 +98,7 @@ fn small_value_head<B: Backend>(d: usize, device: &B::Device) -> Linear<B> {
     Linear { weight: Param::from_tensor(weight), bias: Some(Param::from_tensor(Tensor::zeros([1], device))) }
 }
 
-impl<B: Backend> Llm<B> {
+impl<B: AttentionBackend> Llm<B> {
     pub fn vocab_size(&self) -> usize {
         self.lm_head.weight.dims()[1]
     }
@@ -225,7 +225,7 @@ struct Heads {
     k: usize,
 }
 
-impl<B: Backend> DecoderLayer<B> {
+impl<B: AttentionBackend> DecoderLayer<B> {
     /// x `[b·t, d]`; the cache holds keys and values `[b, g, p, k]`, already
     /// rotated; `padding` `[b, 1, t, p]` hides padded keys; `lora` adds its
     /// adapters' updates to the projections.
@@ -266,7 +266,7 @@ impl<B: Backend> DecoderLayer<B> {
 /// Causal attention of queries `[b, h, t, k]` over keys and values
 /// `[b, g, p, k]`, each key/value head serving `h / g` query heads; returns
 /// `[b·t, h·k]`.
-fn attend<B: Backend>(
+fn attend<B: AttentionBackend>(
     q: Tensor<B, 4>,
     keys: Tensor<B, 4>,
     values: Tensor<B, 4>,
@@ -286,12 +286,11 @@ fn attend<B: Backend>(
     let share = |y: Tensor<B, 4>| if h == g { y } else { y.unsqueeze_dim::<5>(2).expand([b, g, h / g, p, k]).reshape([b, h, p, k]) };
     // Causal from the bottom-right corner: new position i (absolute
     // p - t + i) sees keys up to itself.
-    let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-    let attended = attention(q, share(keys), share(values), padding.map(|m| m.expand([b, h, t, p])), None, options); // [b, h, t, k]
+    let attended = B::causal_attention(q, share(keys), share(values), padding.map(|m| m.expand([b, h, t, p]))); // [b, h, t, k]
     attended.swap_dims(1, 2).reshape([b * t, h * k])
 }
 
-impl<B: Backend> CausalLm<B> for Llm<B> {
+impl<B: AttentionBackend> CausalLm<B> for Llm<B> {
     fn n_layers(&self) -> usize {
         self.layers.len()
     }
@@ -305,7 +304,7 @@ impl<B: Backend> CausalLm<B> for Llm<B> {
     }
 }
 
-impl<B: Backend> PolicyNetwork<B> for Llm<B> {
+impl<B: AttentionBackend> PolicyNetwork<B> for Llm<B> {
     fn logits_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         self.logits_at(tokens, at)
     }

@@ -8,7 +8,6 @@ use crate::model::PolicyModel;
 use crate::sample::sample_batch_with;
 use burn::module::AutodiffModule;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use ragen_env_sdk::SeedRng;
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -55,7 +54,7 @@ fn rate(min_time: Duration, mut f: impl FnMut() -> usize) -> f64 {
 }
 
 /// Measure `model` (an autodiff model, for the backward pass) under `grammar`.
-pub fn bench_policy<B: AutodiffBackend>(
+pub fn bench_policy<B: crate::TrainBackend>(
     model: &PolicyModel<B>,
     grammar: &AnswerGrammar,
     config: &PolicyBenchConfig,

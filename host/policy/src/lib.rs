@@ -18,6 +18,7 @@
 //!   (ours, or a pretrained one later) trains with the same learner.
 
 mod agent;
+mod attention;
 mod bench;
 mod grammar;
 mod model;
@@ -26,6 +27,7 @@ mod sample;
 mod tokenizer;
 
 pub use agent::{BurnPolicy, SamplingConfig};
+pub use attention::{AttentionBackend, TrainBackend};
 pub use bench::{PolicyBenchConfig, PolicyBenchReport, bench_policy};
 pub use grammar::{AnswerGrammar, GrammarState};
 pub use model::{KvCache, PolicyModel, PolicyModelConfig, Rotation, inv_frequencies};

@@ -15,8 +15,8 @@
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::gelu;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
+
+use crate::attention::AttentionBackend;
 
 /// The policy transformer's shape. A training config's `[model]` section
 /// is this config (less `vocab_size`, which the tokenizer decides).
@@ -216,7 +216,9 @@ impl<B: Backend> PolicyModel<B> {
     fn head_width(&self) -> usize {
         self.token_embedding.weight.dims()[1] / self.n_heads()
     }
+}
 
+impl<B: AttentionBackend> PolicyModel<B> {
     /// The whole sequence at once: tokens `[b, t]` to logits `[b, t, v]` and
     /// values `[b, t]`. Position `i`'s logits predict token `i + 1`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
@@ -278,7 +280,7 @@ impl<B: Backend> PolicyModel<B> {
     }
 }
 
-impl<B: Backend> Block<B> {
+impl<B: AttentionBackend> Block<B> {
     /// x `[b, t, d]`, the next `t` positions after the cache's `p - t`;
     /// `padding` `[b, 1, t, p]` is true where a query may not see a key
     /// (besides the future, which is always hidden).
@@ -307,10 +309,9 @@ impl<B: Backend> Block<B> {
         *cache = Some((keys.clone(), values.clone()));
         let p = keys.dims()[2];
         // Causal from the bottom-right corner: new position i (absolute
-        // p - t + i) sees keys up to itself. The backend's fused kernel
-        // (flash attention on flex) runs when there is no autodiff.
-        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-        let attended = attention(q, keys, values, padding.map(|m| m.expand([b, h, t, p])), None, options); // [b, h, t, k]
+        // p - t + i) sees keys up to itself. One fused node under autodiff
+        // (see `attention`), the backend's own kernel without.
+        let attended = B::causal_attention(q, keys, values, padding.map(|m| m.expand([b, h, t, p]))); // [b, h, t, k]
         let attended = attended.swap_dims(1, 2).reshape([b, t, d]); // [b, t, d]
         let x = x + self.proj.forward(attended);
         let mlp = self.down.forward(gelu(self.up.forward(self.mlp_norm.forward(x.clone()))));
