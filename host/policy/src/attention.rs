@@ -71,6 +71,39 @@ pub trait AttentionBackend: Backend {
     ) -> [Tensor<Self, 4>; 3] {
         attention_backward_tensors(q, k, v, mask, grad)
     }
+
+    /// Causal self-attention over packed projections, without a cache or
+    /// a mask: `qkv` `[b, t, 3d]` holds the queries, keys and values side by
+    /// side, each `heads` heads of `d / heads` channels; returns `[b, t, d]`,
+    /// heads side by side. This is the layout the projections around
+    /// attention read and write, so no head is split off, transposed or
+    /// merged back (copies, each with a backward pass of its own).
+    fn packed_causal_attention(qkv: Tensor<Self, 3>, heads: usize) -> Tensor<Self, 3> {
+        let [q, k, v] = split_heads(qkv, heads);
+        merge_heads(Self::causal_attention(q, k, v, None))
+    }
+
+    /// The gradient `[b, t, 3d]` of [`AttentionBackend::packed_causal_attention`]
+    /// with respect to `qkv`, given its output's `grad` `[b, t, d]`.
+    fn packed_causal_attention_backward(qkv: Tensor<Self, 3>, heads: usize, grad: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        let [q, k, v] = split_heads(qkv, heads);
+        let [b, t, d] = grad.dims();
+        let grad = grad.reshape([b, t, heads, d / heads]).swap_dims(1, 2);
+        Tensor::cat(Self::causal_attention_backward(q, k, v, None, grad).map(merge_heads).to_vec(), 2)
+    }
+}
+
+/// `[b, t, 3d]` to queries, keys and values `[b, h, t, d/h]`.
+fn split_heads<B: Backend>(qkv: Tensor<B, 3>, heads: usize) -> [Tensor<B, 4>; 3] {
+    let [b, t, d3] = qkv.dims();
+    let d = d3 / 3;
+    [0, 1, 2].map(|i| qkv.clone().narrow(2, i * d, d).reshape([b, t, heads, d / heads]).swap_dims(1, 2))
+}
+
+/// `[b, h, t, k]` to `[b, t, h·k]`.
+fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
+    let [b, h, t, k] = x.dims();
+    x.swap_dims(1, 2).reshape([b, t, h * k])
 }
 
 /// What the learner trains on: an autodiff backend with the fused attention
@@ -145,10 +178,22 @@ impl AttentionBackend for burn::backend::Flex {
         let tensor = |x: Vec<f32>, rows: usize| Tensor::from_data(TensorData::new(x, [b, h, rows, kd]), &device);
         [tensor(dq, t), tensor(dk, p), tensor(dv, p)]
     }
+
+    fn packed_causal_attention(qkv: Tensor<Self, 3>, heads: usize) -> Tensor<Self, 3> {
+        let (shape, device) = (Shape::packed(&qkv, heads), qkv.device());
+        let out = shape.packed_forward(&floats(qkv));
+        Tensor::from_data(TensorData::new(out, [shape.b, shape.t, shape.h * shape.kd]), &device)
+    }
+
+    fn packed_causal_attention_backward(qkv: Tensor<Self, 3>, heads: usize, grad: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        let (shape, device) = (Shape::packed(&qkv, heads), qkv.device());
+        let dqkv = shape.packed_backward(&floats(qkv), &floats(grad));
+        Tensor::from_data(TensorData::new(dqkv, [shape.b, shape.t, 3 * shape.h * shape.kd]), &device)
+    }
 }
 
 /// A tensor's values, row-major (a strided view is copied into order).
-fn floats<B: Backend>(x: Tensor<B, 4>) -> Vec<f32> {
+fn floats<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
     x.into_data().convert::<f32>().into_vec::<f32>().expect("f32 attention inputs")
 }
 
@@ -210,6 +255,39 @@ impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B
         };
         Tensor::from_primitive(TensorPrimitive::Float(out))
     }
+
+    fn packed_causal_attention(qkv: Tensor<Self, 3>, heads: usize) -> Tensor<Self, 3> {
+        let qkv = qkv.into_primitive().tensor();
+        let float = |x: &FloatTensor<B>| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(x.clone()));
+        let forward = || B::packed_causal_attention(float(&qkv.primitive), heads).into_primitive().tensor();
+        let out = match PackedAttention.prepare::<C>([qkv.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = forward();
+                prep.finish((qkv.primitive, heads), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward()),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+}
+
+/// The packed attention node: it keeps `qkv` and the head count.
+#[derive(Debug)]
+struct PackedAttention;
+
+impl<B: AttentionBackend> Backward<B, 1> for PackedAttention {
+    type State = (FloatTensor<B>, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (qkv, heads) = ops.state;
+        let float = |x| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(x));
+        let [parent] = ops.parents;
+        if let Some(node) = parent {
+            let dqkv = B::packed_causal_attention_backward(float(qkv), heads, float(grad));
+            grads.register::<B>(node.id, dqkv.into_primitive().tensor());
+        }
+    }
 }
 
 /// Sizes of one attention call: batch, heads, queries, keys, head width.
@@ -235,6 +313,74 @@ impl Shape {
     fn of<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>) -> Self {
         let [b, h, t, kd] = q.dims();
         Self { b, h, t, p: k.dims()[2], kd }
+    }
+
+    fn packed<B: Backend>(qkv: &Tensor<B, 3>, heads: usize) -> Self {
+        let [b, t, d3] = qkv.dims();
+        Self { b, h: heads, t, p: t, kd: d3 / 3 / heads }
+    }
+
+    /// Head `hi`'s channels of each of `rows` rows `width` wide, starting
+    /// at column `at`: `[t, k]` contiguous.
+    fn gather(self, rows: &[f32], width: usize, at: usize) -> Vec<f32> {
+        rows.chunks_exact(width).flat_map(|row| &row[at..at + self.kd]).copied().collect()
+    }
+
+    /// The output `[b, t, d]` of packed `qkv` `[b, t, 3d]`: one task per
+    /// (row, head) on its own copy of its head, then the heads side by side.
+    fn packed_forward(self, qkv: &[f32]) -> Vec<f32> {
+        let Shape { b, h, t, kd, .. } = self;
+        let d = h * kd;
+        let simd = pulp::Arch::new();
+        let heads: Vec<Vec<f32>> = (0..b * h)
+            .into_par_iter()
+            .map(|bh| {
+                let (rows, hi) = (&qkv[bh / h * t * 3 * d..(bh / h + 1) * t * 3 * d], bh % h);
+                let [q, k, v] = [0, 1, 2].map(|part| self.gather(rows, 3 * d, part * d + hi * kd));
+                let mut out = vec![0.0; t * kd];
+                simd.dispatch(Kernel { shape: self, head: [&q, &k, &v, &[]], mask: None, out: Out::Forward(&mut out) });
+                out
+            })
+            .collect();
+        let mut out = vec![0.0; b * t * d];
+        for (bh, head) in heads.iter().enumerate() {
+            let (bi, hi) = (bh / h, bh % h);
+            for (i, row) in head.chunks_exact(kd).enumerate() {
+                out[(bi * t + i) * d + hi * kd..][..kd].copy_from_slice(row);
+            }
+        }
+        out
+    }
+
+    /// `d qkv` `[b, t, 3d]` from packed `qkv` and the output's `grad`
+    /// `[b, t, d]`, as [`Shape::packed_forward`] splits the work.
+    fn packed_backward(self, qkv: &[f32], grad: &[f32]) -> Vec<f32> {
+        let Shape { b, h, t, kd, .. } = self;
+        let d = h * kd;
+        let simd = pulp::Arch::new();
+        let heads: Vec<[Vec<f32>; 3]> = (0..b * h)
+            .into_par_iter()
+            .map(|bh| {
+                let (bi, hi) = (bh / h, bh % h);
+                let rows = &qkv[bi * t * 3 * d..(bi + 1) * t * 3 * d];
+                let [q, k, v] = [0, 1, 2].map(|part| self.gather(rows, 3 * d, part * d + hi * kd));
+                let g = self.gather(&grad[bi * t * d..(bi + 1) * t * d], d, hi * kd);
+                let [mut dq, mut dk, mut dv] = [0, 1, 2].map(|_| vec![0.0; t * kd]);
+                let out = Out::Backward([&mut dq, &mut dk, &mut dv]);
+                simd.dispatch(Kernel { shape: self, head: [&q, &k, &v, &g], mask: None, out });
+                [dq, dk, dv]
+            })
+            .collect();
+        let mut dqkv = vec![0.0; b * t * 3 * d];
+        for (bh, parts) in heads.iter().enumerate() {
+            let (bi, hi) = (bh / h, bh % h);
+            for (part, x) in parts.iter().enumerate() {
+                for (i, row) in x.chunks_exact(kd).enumerate() {
+                    dqkv[(bi * t + i) * 3 * d + part * d + hi * kd..][..kd].copy_from_slice(row);
+                }
+            }
+        }
+        dqkv
     }
 
     /// This (row, head)'s part of `[q, k, v, grad]` and of the mask.
@@ -514,6 +660,39 @@ mod tests {
         let [b, h, t, p] = [2, 2, 5, 5];
         let hidden: Vec<bool> = (0..b * h * t * p).map(|i| i % p == 1 && i / (h * t * p) == 1).collect();
         agree([b, h, t, p, 4], || Some(Tensor::from_data(TensorData::new(hidden.clone(), [b, h, t, p]), &Default::default())));
+    }
+
+    /// Output and gradient of Σ out ∘ w for packed `qkv` `[b, t, 3d]`,
+    /// through the fused packed node or through Burn's attention head by head.
+    fn packed_gradients(fused: bool, [b, t, d, heads]: [usize; 4]) -> [Tensor<Flex, 3>; 2] {
+        let qkv = random([b, t, 3 * d, 1], 9).reshape([b, t, 3 * d]).require_grad();
+        let w = random([b, t, d, 1], 10).reshape([b, t, d]);
+        let out = if fused {
+            Ad::packed_causal_attention(qkv.clone(), heads)
+        } else {
+            let [q, k, v] = split_heads(qkv.clone(), heads);
+            let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
+            merge_heads(attention(q, k, v, None, None, options))
+        };
+        let grads = (out.clone() * w).sum().backward();
+        [out.inner(), qkv.grad(&grads).unwrap()]
+    }
+
+    #[test]
+    fn packed_projections_give_what_attention_head_by_head_gives() {
+        let shape = [3, 9, 12, 3];
+        let [out, dqkv] = packed_gradients(true, shape);
+        let [reference_out, reference_dqkv] = packed_gradients(false, shape);
+        close(out.unsqueeze(), reference_out.unsqueeze(), "output");
+        close(dqkv.unsqueeze(), reference_dqkv.unsqueeze(), "d qkv");
+        // The default methods (what wgpu, CUDA and LibTorch run) agree too.
+        let qkv = random([3, 9, 36, 1], 11).inner().reshape([3, 9, 36]);
+        let grad = random([3, 9, 12, 1], 12).inner().reshape([3, 9, 12]);
+        let kernel = Flex::packed_causal_attention_backward(qkv.clone(), 3, grad.clone());
+        let [q, k, v] = split_heads(qkv, 3);
+        let g = grad.reshape([3, 9, 3, 4]).swap_dims(1, 2);
+        let tensors = Tensor::cat(attention_backward_tensors(q, k, v, None, g).map(merge_heads).to_vec(), 2);
+        close(kernel.unsqueeze(), tensors.unsqueeze(), "d qkv, tensor equations");
     }
 
     #[test]

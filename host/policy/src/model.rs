@@ -222,8 +222,9 @@ impl<B: AttentionBackend> PolicyModel<B> {
     /// The whole sequence at once: tokens `[b, t]` to logits `[b, t, v]` and
     /// values `[b, t]`. Position `i`'s logits predict token `i + 1`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
-        let mut cache = KvCache::new(self.blocks.len());
-        self.forward_cached(tokens, &mut cache)
+        let [b, t] = tokens.dims();
+        let x = self.hidden(tokens, None); // [b, t, d]
+        (self.lm_head.forward(x.clone()), self.value_head.forward(x).reshape([b, t]))
     }
 
     /// The next `t` tokens after what `cache` holds; returns their logits
@@ -243,7 +244,7 @@ impl<B: AttentionBackend> PolicyModel<B> {
     /// skip the rest.
     pub fn logits_at(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         let [b, t] = tokens.dims();
-        let x = self.hidden_cached(tokens, &mut KvCache::new(self.blocks.len())); // [b, t, d]
+        let x = self.hidden(tokens, None); // [b, t, d]
         let d = x.dims()[2];
         let values = self.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
         let picked = x.reshape([b * t, d]).select(0, at); // [n, d]
@@ -253,7 +254,17 @@ impl<B: AttentionBackend> PolicyModel<B> {
     /// The final hidden states `[b, t, d]`, normalised, of the next `t`
     /// tokens after what `cache` holds; extends the cache.
     fn hidden_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        self.hidden(tokens, Some(cache))
+    }
+
+    /// [`PolicyModel::hidden_cached`], or with `cache` `None`, a whole
+    /// sequence whose keys and values nobody keeps (a training or scoring
+    /// pass), which lets attention run on the packed projections.
+    fn hidden(&self, tokens: Tensor<B, 2, Int>, cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
         let [b, t] = tokens.dims();
+        let keep = cache.is_some();
+        let mut scratch = KvCache::new(self.blocks.len());
+        let cache = cache.unwrap_or(&mut scratch);
         let offset = cache.len;
         assert!(
             offset + t <= self.max_seq_len,
@@ -273,7 +284,7 @@ impl<B: AttentionBackend> PolicyModel<B> {
             None => Some(Rotation::new(&positions, [b, t], &inv_frequencies(self.head_width(), 10_000.0), &device)),
         };
         for (block, layer_cache) in self.blocks.iter().zip(cache.layers_mut()) {
-            x = block.forward(x, layer_cache, padding.clone(), rotation.as_ref());
+            x = block.forward(x, keep.then_some(layer_cache), padding.clone(), rotation.as_ref());
         }
         cache.advance(t);
         self.norm.forward(x)
@@ -281,19 +292,40 @@ impl<B: AttentionBackend> PolicyModel<B> {
 }
 
 impl<B: AttentionBackend> Block<B> {
-    /// x `[b, t, d]`, the next `t` positions after the cache's `p - t`;
+    /// x `[b, t, d]`, the next `t` positions after the cache's `p - t`
+    /// (`cache` `None`: no cache, and none to keep);
     /// `padding` `[b, 1, t, p]` is true where a query may not see a key
     /// (besides the future, which is always hidden).
     fn forward(
         &self,
         x: Tensor<B, 3>,
-        cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+        cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
         padding: Option<Tensor<B, 4, Bool>>,
         rotation: Option<&Rotation<B>>,
     ) -> Tensor<B, 3> {
-        let [b, t, d] = x.dims();
-        let (h, k) = (self.n_heads, d / self.n_heads);
         let qkv = self.qkv.forward(self.attn_norm.forward(x.clone())); // [b, t, 3d]
+        let attended = match (cache, padding, rotation) {
+            // A whole sequence: one fused node on the projections as they are.
+            (None, None, None) => B::packed_causal_attention(qkv, self.n_heads), // [b, t, d]
+            (cache, padding, rotation) => self.attend(qkv, cache, padding, rotation),
+        };
+        let x = x + self.proj.forward(attended);
+        let mlp = self.down.forward(gelu(self.up.forward(self.mlp_norm.forward(x.clone()))));
+        x + mlp
+    }
+
+    /// Attention head by head, with rotary positions, the cache and padding:
+    /// `qkv` `[b, t, 3d]` to `[b, t, d]`.
+    fn attend(
+        &self,
+        qkv: Tensor<B, 3>,
+        cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
+        padding: Option<Tensor<B, 4, Bool>>,
+        rotation: Option<&Rotation<B>>,
+    ) -> Tensor<B, 3> {
+        let [b, t, d3] = qkv.dims();
+        let d = d3 / 3;
+        let (h, k) = (self.n_heads, d / self.n_heads);
         let heads = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, t, h, k]).swap_dims(1, 2); // [b, h, t, k]
         let (mut q, mut k_new, v_new) = (heads(0), heads(1), heads(2));
         // Keys are cached already rotated: a key's rotation depends only on
@@ -302,20 +334,23 @@ impl<B: AttentionBackend> Block<B> {
             q = r.apply(q);
             k_new = r.apply(k_new);
         }
-        let (keys, values) = match cache.take() {
-            Some((kc, vc)) => (Tensor::cat(vec![kc, k_new], 2), Tensor::cat(vec![vc, v_new], 2)), // [b, h, p, k]
+        let (keys, values) = match cache {
+            Some(cache) => {
+                let (keys, values) = match cache.take() {
+                    Some((kc, vc)) => (Tensor::cat(vec![kc, k_new], 2), Tensor::cat(vec![vc, v_new], 2)), // [b, h, p, k]
+                    None => (k_new, v_new),
+                };
+                *cache = Some((keys.clone(), values.clone()));
+                (keys, values)
+            }
             None => (k_new, v_new),
         };
-        *cache = Some((keys.clone(), values.clone()));
         let p = keys.dims()[2];
         // Causal from the bottom-right corner: new position i (absolute
         // p - t + i) sees keys up to itself. One fused node under autodiff
         // (see `attention`), the backend's own kernel without.
         let attended = B::causal_attention(q, keys, values, padding.map(|m| m.expand([b, h, t, p]))); // [b, h, t, k]
-        let attended = attended.swap_dims(1, 2).reshape([b, t, d]); // [b, t, d]
-        let x = x + self.proj.forward(attended);
-        let mlp = self.down.forward(gelu(self.up.forward(self.mlp_norm.forward(x.clone()))));
-        x + mlp
+        attended.swap_dims(1, 2).reshape([b, t, d]) // [b, t, d]
     }
 }
 
