@@ -5,12 +5,12 @@
 //! go through a dozen element-wise operations (scale, masks, max, shift,
 //! exp, sum, divide), each of which reads and writes the whole score tensor
 //! and records a node whose backward does as much again. For the policy's
-//! shapes (32 rows of 296 tokens, 4 heads) that is 45 MB per operation and
+//! shapes (32 rows of 314 tokens, 4 heads) that is 50 MB per operation and
 //! the larger part of a training pass on a CPU.
 //!
 //! [`AttentionBackend::causal_attention`] is one autodiff node instead. Its
-//! forward pass is the backend's own fused kernel (flash attention on flex),
-//! and it keeps only `q`, `k` and `v`. Its backward pass,
+//! forward pass is one fused kernel (ours on flex, the backend's own
+//! elsewhere), and it keeps only `q`, `k` and `v`. Its backward pass,
 //! [`AttentionBackend::causal_attention_backward`], recomputes the
 //! probabilities and returns `dq`, `dk` and `dv` at once:
 //!
@@ -26,6 +26,9 @@
 //! `[t, p]` tensor and skips the causally hidden half; other backends (wgpu,
 //! CUDA, LibTorch) run the same equations as tensor operations, which is
 //! still far fewer passes than the fallback's graph.
+//! [`AttentionBackend::packed_causal_attention`] is the same node on the
+//! `qkv` projection as it comes out of the linear layer, `[b, t, 3d]`, for a
+//! whole-sequence pass: no head is split off, transposed or merged back.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
