@@ -190,12 +190,16 @@ struct OneRowPerPass<B: burn::prelude::Backend> {
 }
 
 impl<B: ragen_policy::AttentionBackend> ragen_policy::PolicyNetwork<B> for OneRowPerPass<B> {
-    fn logits_at_and_values(
+    fn hidden_at_and_values(
         &self,
         tokens: burn::prelude::Tensor<B, 2, burn::prelude::Int>,
         at: burn::prelude::Tensor<B, 1, burn::prelude::Int>,
     ) -> (burn::prelude::Tensor<B, 2>, burn::prelude::Tensor<B, 2>) {
-        self.inner.logits_at_and_values(tokens, at)
+        self.inner.hidden_at_and_values(tokens, at)
+    }
+
+    fn output_layer(&self) -> ragen_policy::OutputLayer<B> {
+        self.inner.output_layer()
     }
 
     fn rows_per_pass(&self, _: usize) -> usize {

@@ -68,25 +68,6 @@ pub fn kl_to_reference<B: Backend>(logp: Tensor<B, 1>, ref_logp: Tensor<B, 1>, m
     masked_mean(d.clone().exp() - d - 1.0, mask)
 }
 
-/// Log-probabilities `[n, v]` of the distribution sampled from: logits over
-/// the temperature, with the tokens a grammar disallows (where there is
-/// one) pushed to −1e9 (not −inf, so that `p·log p` stays 0 for them
-/// instead of NaN).
-pub fn masked_log_softmax<B: Backend>(logits: Tensor<B, 2>, allowed: Option<Tensor<B, 2, Bool>>, temperature: f64) -> Tensor<B, 2> {
-    let scaled = logits / temperature;
-    let scaled = match allowed {
-        Some(allowed) => scaled.mask_fill(allowed.bool_not(), -1.0e9),
-        None => scaled,
-    };
-    burn::tensor::activation::log_softmax(scaled, 1)
-}
-
-/// Entropy of each row of log-probabilities `[n, v]`, as `[n]`.
-pub fn entropy<B: Backend>(logp: Tensor<B, 2>) -> Tensor<B, 1> {
-    let [n, _] = logp.dims();
-    (logp.clone().exp() * logp).sum_dim(1).neg().reshape([n])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,15 +150,5 @@ mod tests {
         close(scalar(kl_to_reference(t(&[-1.0, -2.0]), t(&[-1.0, -2.0]), t(&[1.0, 1.0]))), 0.0);
         // d = 0.5: e^0.5 − 0.5 − 1
         close(scalar(kl_to_reference(t(&[-1.0]), t(&[-0.5]), t(&[1.0]))), 0.5f32.exp() - 1.5);
-    }
-
-    #[test]
-    fn entropy_counts_only_allowed_tokens() {
-        let device = Default::default();
-        let logits = Tensor::<B, 2>::from_floats([[0.0, 0.0, 0.0, 9.0], [1.0, 1.0, 1.0, 1.0]], &device);
-        let allowed = Tensor::<B, 2, Bool>::from_data([[true, true, true, false], [true, true, true, true]], &device);
-        let h = entropy(masked_log_softmax(logits, Some(allowed), 1.0)).into_data().to_vec::<f32>().unwrap();
-        close(h[0], 3f32.ln());
-        close(h[1], 4f32.ln());
     }
 }

@@ -15,7 +15,7 @@
 //!    with; the global gradient norm is clipped to `max_grad_norm`.
 
 use crate::advantages::{Estimator, SequenceInput};
-use crate::loss::{Clip, kl_to_reference, masked_log_softmax, masked_mean, policy_loss, value_loss};
+use crate::loss::{Clip, kl_to_reference, masked_mean, policy_loss, value_loss};
 use anyhow::{Context, Result, bail};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -26,7 +26,7 @@ use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::{Tokenizer, Trajectory};
 use ragen_env_sdk::SeedRng;
-use ragen_policy::{AnswerGrammar, PolicyModel, PolicyNetwork};
+use ragen_policy::{AnswerGrammar, PolicyModel, PolicyNetwork, ScoreOptions, ScoringBackend, token_scores};
 use std::path::Path;
 
 /// Every hyper-parameter of the update, named as in the reference.
@@ -188,7 +188,8 @@ pub struct Learner<B: AutodiffBackend, M: AutodiffModule<B> = PolicyModel<B>> {
 
 impl<B, M> Learner<B, M>
 where
-    B: AutodiffBackend,
+    B: AutodiffBackend + ScoringBackend,
+    B::InnerBackend: ScoringBackend,
     M: PolicyNetwork<B> + AutodiffModule<B>,
     M::InnerModule: PolicyNetwork<B::InnerBackend>,
 {
@@ -476,7 +477,7 @@ struct Scores<B: Backend> {
 
 /// One forward pass over `chunk`, right-padded (padding sits after each
 /// row's last token, so the causal mask already hides it).
-fn score<B: Backend, N: PolicyNetwork<B>>(
+fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
     net: &N,
     chunk: &[&Row],
     vocab: usize,
@@ -497,7 +498,7 @@ fn score<B: Backend, N: PolicyNetwork<B>>(
         Tensor::<B, 2, Bool>::from_data(TensorData::new(allowed, [n, vocab]), device)
     });
     let taken: Vec<i64> = chunk.iter().flat_map(|r| r.agent.iter().map(|&i| r.tokens[i] as i64)).collect();
-    let taken = Tensor::<B, 2, Int>::from_data(TensorData::new(taken, [n, 1]), device);
+    let taken = Tensor::<B, 1, Int>::from_data(TensorData::new(taken, [n]), device);
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), device);
 
     // One output-layer pass over the scored positions: the agent's tokens,
@@ -518,19 +519,21 @@ fn score<B: Backend, N: PolicyNetwork<B>>(
         let observed_at = Tensor::<B, 1, Int>::from_data(TensorData::new(observed.iter().map(|o| o.0).collect(), [m]), device);
         Tensor::cat(vec![picks.clone(), observed_at], 0)
     };
-    let (logits, values) = net.logits_at_and_values(ids, at); // [n + m, v], [c, l]
+    let (hidden, values) = net.hidden_at_and_values(ids, at); // [n + m, d], [c, l]
+    let head = net.output_layer();
+    let v = head.vocab_size();
     let world_model = world_model.then(|| {
         if m == 0 {
             return (Tensor::zeros([1], device), 0);
         }
-        let next = Tensor::<B, 2, Int>::from_data(TensorData::new(observed.iter().map(|o| o.1).collect(), [m, 1]), device);
-        let logp = burn::tensor::activation::log_softmax(logits.clone().narrow(0, n, m), 1); // [m, v]
-        (logp.gather(1, next).sum().neg(), m)
+        let next = Tensor::<B, 1, Int>::from_data(TensorData::new(observed.iter().map(|o| o.1).collect(), [m]), device);
+        let s = token_scores(hidden.clone().narrow(0, n, m), head.clone(), next, None, ScoreOptions::new(1.0, v));
+        (s.logp.sum().neg(), m)
     });
-    let logp_all = masked_log_softmax(logits.narrow(0, 0, n), allowed, temperature); // [n, v]
+    let s = token_scores(hidden.narrow(0, 0, n), head, taken, allowed, ScoreOptions::new(temperature, v));
     Scores {
-        logp: logp_all.clone().gather(1, taken).reshape([n]),
-        entropy: crate::loss::entropy(logp_all),
+        logp: s.logp,
+        entropy: s.entropy,
         values: values.reshape([chunk.len() * l]).select(0, picks), // [n]
         world_model,
     }

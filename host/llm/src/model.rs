@@ -15,7 +15,7 @@ use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use ragen_policy::{AttentionBackend, CausalLm, KvCache, PolicyNetwork, Rotation};
+use ragen_policy::{AttentionBackend, CausalLm, KvCache, OutputLayer, PolicyNetwork, Rotation};
 use std::path::Path;
 
 /// A pretrained causal language model with a value head.
@@ -166,16 +166,17 @@ impl<B: AttentionBackend> Llm<B> {
         (logits.reshape([b, t, self.vocab_size()]), values.reshape([b, t]))
     }
 
-    /// The whole sequence at once, with logits only at the flat positions
-    /// `at` `[n]` (position `i` of row `r` is `r·t + i`): logits `[n, v]`
-    /// and values `[b, t]`. With a vocabulary of tens of thousands the
-    /// output layer is most of a small model's work and memory; the learner
-    /// needs it only where it scores tokens.
-    pub fn logits_at(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    /// The whole sequence at once, with final hidden states only at the
+    /// flat positions `at` `[n]` (position `i` of row `r` is `r·t + i`):
+    /// hidden states `[n, d]` and values `[b, t]`. With a vocabulary of
+    /// tens of thousands the output layer is most of a small model's work
+    /// and memory; the learner runs it only where it scores tokens, a chunk
+    /// at a time.
+    pub fn hidden_at(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         let [b, t] = tokens.dims();
         let x = self.hidden_cached(tokens, &mut KvCache::new(self.layers.len())); // [b·t, d]
         let values = self.tuned.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
-        (self.lm_head.forward(x.select(0, at)), values) // [n, v], [b, t]
+        (x.select(0, at), values) // [n, d], [b, t]
     }
 
     /// The last position's logits `[b, v]` only: the output layer (the
@@ -305,16 +306,26 @@ impl<B: AttentionBackend> CausalLm<B> for Llm<B> {
 }
 
 impl<B: AttentionBackend> PolicyNetwork<B> for Llm<B> {
-    fn logits_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
-        self.logits_at(tokens, at)
+    fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        self.hidden_at(tokens, at)
     }
 
-    /// Attention scores `[b, h, l, l]` and logits `[b, l, v]` dominate; keep
-    /// a pass to about 64 Mi floats (256 MiB) of each.
+    fn output_layer(&self) -> OutputLayer<B> {
+        OutputLayer::of(&self.lm_head)
+    }
+
+    /// A pass's activations kept for the backward pass dominate (the
+    /// logits are scored a chunk at a time): about `12·d + 5·f` floats per
+    /// token and layer for the norms, projections, rotary positions, gated
+    /// MLP and residuals. Keep a pass to 512 Mi floats (2 GiB) of those,
+    /// and attention scores `[b, h, l, l]` (which backends without our
+    /// attention kernel materialise) to 64 Mi.
     fn rows_per_pass(&self, len: usize) -> usize {
         let scores = self.n_heads * len * len;
-        let logits = self.vocab_size() * len;
-        ((64 << 20) / scores.max(logits).max(1)).max(1)
+        let d = self.lm_head.weight.dims()[0];
+        let f = self.layers.first().map_or(0, |l| l.gate.weight.dims()[1]);
+        let activations = len * self.layers.len() * (12 * d + 5 * f);
+        ((64 << 20) / scores.max(1)).min((512 << 20) / activations.max(1)).max(1)
     }
 
     fn max_seq_len(&self) -> usize {

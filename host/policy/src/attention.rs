@@ -43,6 +43,8 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::{AttentionModuleOptions, BoolTensor, FloatTensor};
 use rayon::prelude::*;
 
+use crate::ScoringBackend;
+
 /// A backend that runs causal attention as one differentiable operation.
 ///
 /// Every backend the host builds implements it: flex with its own backward
@@ -110,13 +112,14 @@ fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
 }
 
 /// What the learner trains on: an autodiff backend with the fused attention
-/// node, whose inner backend (sampling and no-gradient passes) has it too.
-pub trait TrainBackend: AutodiffBackend<InnerBackend: AttentionBackend> + AttentionBackend {}
+/// and scoring nodes, whose inner backend (sampling and no-gradient passes)
+/// has them too.
+pub trait TrainBackend: AutodiffBackend<InnerBackend: AttentionBackend + ScoringBackend> + AttentionBackend + ScoringBackend {}
 
 impl<B> TrainBackend for B
 where
-    B: AutodiffBackend + AttentionBackend,
-    B::InnerBackend: AttentionBackend,
+    B: AutodiffBackend + AttentionBackend + ScoringBackend,
+    B::InnerBackend: AttentionBackend + ScoringBackend,
 {
 }
 

@@ -14,6 +14,9 @@
 //!   grammar with a KV cache, and [`masked_logprobs`] recomputes its
 //!   log-probabilities in one full pass, as the learner will.
 //! * [`BurnPolicy`] puts the model behind the agent loop's `Policy` seam.
+//! * [`token_scores`] gives the learner the log-probabilities and entropies
+//!   of the sampled tokens from the final hidden states, as one autodiff
+//!   node that never holds more than a chunk of logits.
 //! * [`PolicyNetwork`] is the learner's seam: any causal LM with a value head
 //!   (ours, or a pretrained one later) trains with the same learner.
 
@@ -24,6 +27,7 @@ mod grammar;
 mod model;
 mod network;
 mod sample;
+mod scoring;
 mod tokenizer;
 
 pub use agent::{BurnPolicy, SamplingConfig};
@@ -35,4 +39,5 @@ pub use network::PolicyNetwork;
 pub use sample::{
     CausalLm, ReplyRule, Sampled, Sampling, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with,
 };
+pub use scoring::{OutputLayer, ScoreOptions, ScoringBackend, TokenScores, token_scores};
 pub use tokenizer::PluginTokenizer;

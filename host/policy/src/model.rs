@@ -77,7 +77,7 @@ pub struct PolicyModel<B: Backend> {
     position_embedding: Option<Embedding<B>>,
     blocks: Vec<Block<B>>,
     norm: LayerNorm<B>,
-    lm_head: Linear<B>,
+    pub(crate) lm_head: Linear<B>,
     value_head: Linear<B>,
     max_seq_len: usize,
 }
@@ -237,18 +237,17 @@ impl<B: AttentionBackend> PolicyModel<B> {
         (logits, values)
     }
 
-    /// The whole sequence at once, with logits only at the flat positions
-    /// `at` `[n]` (position `i` of row `r` is `r·t + i`): logits `[n, v]`
-    /// and values `[b, t]`. The learner scores a few positions of each
-    /// sequence (the agent's tokens), so the output layer and its gradient
-    /// skip the rest.
-    pub fn logits_at(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    /// The whole sequence at once, with final hidden states only at the
+    /// flat positions `at` `[n]` (position `i` of row `r` is `r·t + i`):
+    /// hidden states `[n, d]` and values `[b, t]`. The learner scores a few
+    /// positions of each sequence (the agent's tokens), so the output layer
+    /// and its gradient skip the rest.
+    pub fn hidden_at(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         let [b, t] = tokens.dims();
         let x = self.hidden(tokens, None); // [b, t, d]
         let d = x.dims()[2];
         let values = self.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
-        let picked = x.reshape([b * t, d]).select(0, at); // [n, d]
-        (self.lm_head.forward(picked), values) // [n, v], [b, t]
+        (x.reshape([b * t, d]).select(0, at), values) // [n, d], [b, t]
     }
 
     /// The final hidden states `[b, t, d]`, normalised, of the next `t`

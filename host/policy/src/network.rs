@@ -14,17 +14,32 @@ use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use std::path::Path;
 
+use crate::OutputLayer;
+
 /// A causal language model with a value head, as the learner sees it.
 pub trait PolicyNetwork<B: Backend>: Module<B> {
-    /// Tokens `[b, l]` to next-token logits at the flat positions `at`
-    /// `[n]` (position `i` of row `r` is `r·l + i`; it predicts token
-    /// `i + 1`), `[n, v]`, and values at every position, `[b, l]`. Rows may
+    /// Tokens `[b, l]` to the final hidden states at the flat positions
+    /// `at` `[n]` (position `i` of row `r` is `r·l + i`; it predicts token
+    /// `i + 1`), `[n, d]`, and values at every position, `[b, l]`. Rows may
     /// be right-padded: position `i` must not depend on anything after it.
     ///
     /// Only the positions asked for: the learner scores the agent's tokens,
     /// a small share of a conversation, and the output layer over the whole
-    /// vocabulary at every position would be most of the work.
-    fn logits_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>);
+    /// vocabulary at every position would be most of the work. The learner
+    /// runs the output layer itself, through
+    /// [`token_scores`](crate::token_scores), a chunk of positions at a time.
+    fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>);
+
+    /// The output layer: hidden states `[n, d]` to next-token logits `[n, v]`.
+    fn output_layer(&self) -> OutputLayer<B>;
+
+    /// Next-token logits `[n, v]` at the flat positions `at` and values
+    /// `[b, l]`: [`PolicyNetwork::hidden_at_and_values`] through
+    /// [`PolicyNetwork::output_layer`].
+    fn logits_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let (hidden, values) = self.hidden_at_and_values(tokens, at);
+        (self.output_layer().logits(hidden), values)
+    }
 
     /// How many sequences of `len` tokens one pass should hold at most, to
     /// keep memory in bounds (the learner splits its batch accordingly).
@@ -52,8 +67,12 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
 }
 
 impl<B: crate::AttentionBackend> PolicyNetwork<B> for crate::PolicyModel<B> {
-    fn logits_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
-        self.logits_at(tokens, at)
+    fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        self.hidden_at(tokens, at)
+    }
+
+    fn output_layer(&self) -> OutputLayer<B> {
+        OutputLayer::of(&self.lm_head)
     }
 
     /// The autodiff path materialises attention scores `[b, h, l, l]`;
