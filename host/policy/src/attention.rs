@@ -61,8 +61,7 @@ pub trait AttentionBackend: Backend {
         v: Tensor<Self, 4>,
         mask: Option<Tensor<Self, 4, Bool>>,
     ) -> Tensor<Self, 4> {
-        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-        attention(q, k, v, mask, None, options)
+        burn_attention(q, k, v, mask)
     }
 
     /// The gradients `[dq, dk, dv]` of [`AttentionBackend::causal_attention`]
@@ -96,6 +95,13 @@ pub trait AttentionBackend: Backend {
         let grad = grad.reshape([b, t, heads, d / heads]).swap_dims(1, 2);
         Tensor::cat(Self::causal_attention_backward(q, k, v, None, grad).map(merge_heads).to_vec(), 2)
     }
+}
+
+/// Burn's own causal attention (the reference composition under autodiff,
+/// a fused kernel on most backends).
+fn burn_attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: Option<Tensor<B, 4, Bool>>) -> Tensor<B, 4> {
+    let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
+    attention(q, k, v, mask, None, options)
 }
 
 /// `[b, t, 3d]` to queries, keys and values `[b, h, t, d/h]`.
@@ -162,8 +168,7 @@ impl AttentionBackend for burn::backend::Flex {
         if shape.t < 8 {
             // Sampling's few new positions over a long cache: flex's kernel
             // reads the cache in place, where ours would copy it first.
-            let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-            return attention(q, k, v, mask, None, options);
+            return burn_attention(q, k, v, mask);
         }
         let mask = mask.map(bools);
         let out = shape.forward(&floats(q), &floats(k), &floats(v), mask.as_deref());
