@@ -37,7 +37,7 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
-use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{IndexingUpdateOp, TensorPrimitive};
 
 /// How many floats one chunk's logits may hold: 16 Mi (64 MiB), whatever
@@ -258,6 +258,7 @@ struct ScoreGrads<B: Backend> {
 }
 
 /// What the node keeps for its backward pass: its inputs, no logits.
+#[derive(Clone, Debug)]
 struct ScoreInputs<B: Backend> {
     hidden: Tensor<B, 2>,
     head: OutputLayer<B>,
@@ -266,47 +267,19 @@ struct ScoreInputs<B: Backend> {
     options: ScoreOptions,
 }
 
-/// The primitives of [`ScoreInputs`], as a node's state.
-type ScoreState<B> = (FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>, IntTensor<B>, Option<BoolTensor<B>>, ScoreOptions);
-
-impl<B: Backend> ScoreInputs<B> {
-    fn from_state((hidden, weight, bias, taken, allowed, options): ScoreState<B>) -> Self {
-        let float2 = |x| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x));
-        Self {
-            hidden: float2(hidden),
-            head: OutputLayer { weight: float2(weight), bias: bias.map(|b| Tensor::from_primitive(TensorPrimitive::Float(b))) },
-            taken: Tensor::from_primitive(taken),
-            allowed: allowed.map(Tensor::from_primitive),
-            options,
-        }
-    }
-
-    fn into_state(self) -> ScoreState<B> {
-        let Self { hidden, head, taken, allowed, options } = self;
-        (
-            hidden.into_primitive().tensor(),
-            head.weight.into_primitive().tensor(),
-            head.bias.map(|b| b.into_primitive().tensor()),
-            taken.into_primitive(),
-            allowed.map(Tensor::into_primitive),
-            options,
-        )
-    }
-}
-
 /// The scoring node, over the hidden states and the weight (`N` = 2) or
 /// the bias too (`N` = 3).
 #[derive(Debug)]
 struct TokenScoresNode<const N: usize>;
 
 impl<B: ScoringBackend, const N: usize> Backward<B, N> for TokenScoresNode<N> {
-    type State = ScoreState<B>;
+    type State = ScoreInputs<B>;
 
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
         let parents = ops.parents;
         let wanted = Wanted { hidden: parents[0].is_some(), weight: parents[1].is_some(), bias: N == 3 && parents[N - 1].is_some() };
-        let g = token_scores_backward(ScoreInputs::from_state(ops.state), grad, wanted);
+        let g = token_scores_backward(ops.state, grad, wanted);
         let parts = [
             g.hidden.map(|x| x.into_primitive().tensor()),
             g.weight.map(|x| x.into_primitive().tensor()),
@@ -349,7 +322,7 @@ impl<B: ScoringBackend, C: CheckpointStrategy> ScoringBackend for Autodiff<B, C>
             None => match TokenScoresNode::<2>.prepare::<C>([hidden.node.clone(), weight.node.clone()]).compute_bound().stateful() {
                 OpsKind::Tracked(prep) => {
                     let out = forward(&inputs);
-                    prep.finish(inputs.into_state(), out)
+                    prep.finish(inputs, out)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(forward(&inputs)),
             },
@@ -358,7 +331,7 @@ impl<B: ScoringBackend, C: CheckpointStrategy> ScoringBackend for Autodiff<B, C>
                 match TokenScoresNode::<3>.prepare::<C>(nodes).compute_bound().stateful() {
                     OpsKind::Tracked(prep) => {
                         let out = forward(&inputs);
-                        prep.finish(inputs.into_state(), out)
+                        prep.finish(inputs, out)
                     }
                     OpsKind::UnTracked(prep) => prep.finish(forward(&inputs)),
                 }
