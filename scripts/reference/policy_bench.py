@@ -8,8 +8,10 @@ an output projection, LayerNorm, Linear up ``mlp_ratio`` x, exact (erf) GELU,
 Linear down; a final LayerNorm, the language-model head and a one-output
 value head; every Linear with a bias), and times what the Rust bench times:
 a forward pass over ``batch`` sequences of ``len`` tokens, the loss
-``log_softmax(logits).mean() + values.mean()``, and ``loss.backward()``,
-without an optimizer step. Attention is ``F.scaled_dot_product_attention``
+``cross_entropy(logits[:, :-1], tokens[:, 1:]) + values.mean()`` (the
+next-token log-probabilities at every position, which the Rust bench takes
+through the learner's scoring node), and ``loss.backward()``, without an
+optimizer step. Attention is ``F.scaled_dot_product_attention``
 with ``is_causal=True``, what a PyTorch user would write.
 
 The shapes default to what ``ragen-host bench --policy
@@ -83,7 +85,9 @@ class PolicyModel(nn.Module):
 def train_rate(model: PolicyModel, tokens: torch.Tensor, min_time: float) -> float:
     def once() -> int:
         logits, values = model(tokens)
-        loss = F.log_softmax(logits, dim=2).mean() + values.mean()
+        vocab = logits.shape[-1]
+        nll = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss = nll + values.mean()
         loss.backward()
         model.zero_grad(set_to_none=True)
         return tokens.numel()

@@ -82,7 +82,7 @@ impl<B: Backend> BurnPolicy<B> {
     }
 }
 
-impl<B: crate::AttentionBackend> Policy for BurnPolicy<B> {
+impl<B: crate::AttentionBackend + crate::PointwiseBackend> Policy for BurnPolicy<B> {
     fn name(&self) -> &str {
         "burn-transformer"
     }

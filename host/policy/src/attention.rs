@@ -43,7 +43,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::{AttentionModuleOptions, BoolTensor, FloatTensor};
 use rayon::prelude::*;
 
-use crate::ScoringBackend;
+use crate::{PointwiseBackend, ScoringBackend};
 
 /// A backend that runs causal attention as one differentiable operation.
 ///
@@ -117,15 +117,18 @@ fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
     x.swap_dims(1, 2).reshape([b, t, h * k])
 }
 
-/// What the learner trains on: an autodiff backend with the fused attention
-/// and scoring nodes, whose inner backend (sampling and no-gradient passes)
+/// What the learner trains on: an autodiff backend with the fused attention,
+/// layer norm, GELU and scoring nodes, whose inner backend (sampling and no-gradient passes)
 /// has them too.
-pub trait TrainBackend: AutodiffBackend<InnerBackend: AttentionBackend + ScoringBackend> + AttentionBackend + ScoringBackend {}
+pub trait TrainBackend:
+    AutodiffBackend<InnerBackend: AttentionBackend + PointwiseBackend + ScoringBackend> + AttentionBackend + PointwiseBackend + ScoringBackend
+{
+}
 
 impl<B> TrainBackend for B
 where
-    B: AutodiffBackend + AttentionBackend + ScoringBackend,
-    B::InnerBackend: AttentionBackend + ScoringBackend,
+    B: AutodiffBackend + AttentionBackend + PointwiseBackend + ScoringBackend,
+    B::InnerBackend: AttentionBackend + PointwiseBackend + ScoringBackend,
 {
 }
 

@@ -89,10 +89,22 @@ pub fn bench_policy<B: crate::TrainBackend>(
     let longest = config.prompts.iter().map(Vec::len).max().unwrap_or(0);
     let len = (longest + budget).min(model.max_seq_len());
     let ids: Vec<i64> = config.prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64).chain(std::iter::repeat(0)).take(len)).collect();
+    // The learner's scoring at every position but each row's last: the
+    // hidden states there, then the next token's log-probability (and the
+    // entropy) through the output layer as one node. The PyTorch twin
+    // (`scripts/reference/policy_bench.py`) takes the cross-entropy of the
+    // shifted logits.
+    let at: Vec<i64> = (0..b).flat_map(|row| (0..len - 1).map(move |i| (row * len + i) as i64)).collect();
+    let next: Vec<i64> = at.iter().map(|&i| ids[i as usize + 1]).collect();
+    let n = at.len();
     let train = rate(config.min_time, || {
         let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.clone(), [b, len]), device);
-        let (logits, values) = model.forward(tokens); // [b, len, v], [b, len]
-        let loss = burn::tensor::activation::log_softmax(logits, 2).mean() + values.mean();
+        let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at.clone(), [n]), device);
+        let (hidden, values) = model.hidden_at(tokens, at); // [n, d], [b, len]
+        let taken = Tensor::<B, 1, Int>::from_data(TensorData::new(next.clone(), [n]), device);
+        let options = crate::ScoreOptions::new(1.0, model.vocab_size());
+        let scores = crate::token_scores(hidden, crate::PolicyNetwork::output_layer(model), taken, None, options);
+        let loss = scores.logp.mean().neg() + values.mean();
         let _grads = loss.backward();
         b * len
     });

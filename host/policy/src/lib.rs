@@ -23,9 +23,11 @@
 mod agent;
 mod attention;
 mod bench;
+mod flex;
 mod grammar;
 mod model;
 mod network;
+mod pointwise;
 mod sample;
 mod scoring;
 mod tokenizer;
@@ -36,6 +38,7 @@ pub use bench::{PolicyBenchConfig, PolicyBenchReport, bench_policy};
 pub use grammar::{AnswerGrammar, GrammarState};
 pub use model::{KvCache, PolicyModel, PolicyModelConfig, Rotation, inv_frequencies};
 pub use network::PolicyNetwork;
+pub use pointwise::PointwiseBackend;
 pub use sample::{
     CausalLm, ReplyRule, Sampled, Sampling, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with,
 };

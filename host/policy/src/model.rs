@@ -12,11 +12,13 @@
 //! design. The learner sees the model only through the policy seam, so a
 //! separate critic can be swapped in without touching it.
 
+use crate::attention::AttentionBackend;
+use crate::pointwise::PointwiseBackend;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::gelu;
 
-use crate::attention::AttentionBackend;
+/// The layer norms' ε (Burn's default), which the fused node is handed.
+const NORM_EPSILON: f64 = 1e-5;
 
 /// The policy transformer's shape. A training config's `[model]` section
 /// is this config (less `vocab_size`, which the tokenizer decides).
@@ -49,10 +51,10 @@ impl PolicyModelConfig {
         let d = self.d_model;
         let blocks = (0..self.n_layers)
             .map(|_| Block {
-                attn_norm: LayerNormConfig::new(d).init(device),
+                attn_norm: LayerNormConfig::new(d).with_epsilon(NORM_EPSILON).init(device),
                 qkv: LinearConfig::new(d, 3 * d).init(device),
                 proj: LinearConfig::new(d, d).init(device),
-                mlp_norm: LayerNormConfig::new(d).init(device),
+                mlp_norm: LayerNormConfig::new(d).with_epsilon(NORM_EPSILON).init(device),
                 up: LinearConfig::new(d, self.mlp_ratio * d).init(device),
                 down: LinearConfig::new(self.mlp_ratio * d, d).init(device),
                 n_heads: self.n_heads,
@@ -62,7 +64,7 @@ impl PolicyModelConfig {
             token_embedding: EmbeddingConfig::new(self.vocab_size, d).init(device),
             position_embedding: (!self.rotary).then(|| EmbeddingConfig::new(self.max_seq_len, d).init(device)),
             blocks,
-            norm: LayerNormConfig::new(d).init(device),
+            norm: LayerNormConfig::new(d).with_epsilon(NORM_EPSILON).init(device),
             lm_head: LinearConfig::new(d, self.vocab_size).init(device),
             value_head: LinearConfig::new(d, 1).init(device),
             max_seq_len: self.max_seq_len,
@@ -218,7 +220,7 @@ impl<B: Backend> PolicyModel<B> {
     }
 }
 
-impl<B: AttentionBackend> PolicyModel<B> {
+impl<B: AttentionBackend + PointwiseBackend> PolicyModel<B> {
     /// The whole sequence at once: tokens `[b, t]` to logits `[b, t, v]` and
     /// values `[b, t]`. Position `i`'s logits predict token `i + 1`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> (Tensor<B, 3>, Tensor<B, 2>) {
@@ -246,8 +248,9 @@ impl<B: AttentionBackend> PolicyModel<B> {
         let [b, t] = tokens.dims();
         let x = self.hidden(tokens, None); // [b, t, d]
         let d = x.dims()[2];
+        let x = x.reshape([b * t, d]);
         let values = self.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
-        (x.reshape([b * t, d]).select(0, at), values) // [n, d], [b, t]
+        (x.select(0, at), values) // [n, d], [b, t]
     }
 
     /// The final hidden states `[b, t, d]`, normalised, of the next `t`
@@ -286,11 +289,12 @@ impl<B: AttentionBackend> PolicyModel<B> {
             x = block.forward(x, keep.then_some(layer_cache), padding.clone(), rotation.as_ref());
         }
         cache.advance(t);
-        self.norm.forward(x)
+        let d = x.dims()[2];
+        norm(&self.norm, x.reshape([b * t, d])).reshape([b, t, d])
     }
 }
 
-impl<B: AttentionBackend> Block<B> {
+impl<B: AttentionBackend + PointwiseBackend> Block<B> {
     /// x `[b, t, d]`, the next `t` positions after the cache's `p - t`
     /// (`cache` `None`: no cache, and none to keep);
     /// `padding` `[b, 1, t, p]` is true where a query may not see a key
@@ -302,15 +306,21 @@ impl<B: AttentionBackend> Block<B> {
         padding: Option<Tensor<B, 4, Bool>>,
         rotation: Option<&Rotation<B>>,
     ) -> Tensor<B, 3> {
-        let qkv = self.qkv.forward(self.attn_norm.forward(x.clone())); // [b, t, 3d]
+        // The position-wise layers run on rows `[b·t, d]`: a linear layer
+        // on `[b, t, d]` is a batched product whose weight gradient is `b`
+        // products of `[d, t]` by `[t, o]` summed afterwards, where rows
+        // make it one product.
+        let [b, t, d] = x.dims();
+        let x = x.reshape([b * t, d]);
+        let qkv = self.qkv.forward(norm(&self.attn_norm, x.clone())).reshape([b, t, 3 * d]);
         let attended = match (cache, padding, rotation) {
             // A whole sequence: one fused node on the projections as they are.
             (None, None, None) => B::packed_causal_attention(qkv, self.n_heads), // [b, t, d]
             (cache, padding, rotation) => self.attend(qkv, cache, padding, rotation),
         };
-        let x = x + self.proj.forward(attended);
-        let mlp = self.down.forward(gelu(self.up.forward(self.mlp_norm.forward(x.clone()))));
-        x + mlp
+        let x = x + self.proj.forward(attended.reshape([b * t, d])); // [b·t, d]
+        let mlp = self.down.forward(B::fused_gelu(self.up.forward(norm(&self.mlp_norm, x.clone()))));
+        (x + mlp).reshape([b, t, d])
     }
 
     /// Attention head by head, with rotary positions, the cache and padding:
@@ -351,6 +361,12 @@ impl<B: AttentionBackend> Block<B> {
         let attended = B::causal_attention(q, keys, values, padding.map(|m| m.expand([b, h, t, p]))); // [b, h, t, k]
         attended.swap_dims(1, 2).reshape([b, t, d]) // [b, t, d]
     }
+}
+
+/// `x` `[n, d]` through `layer`, as one autodiff node ([`PointwiseBackend`]).
+fn norm<B: PointwiseBackend>(layer: &LayerNorm<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let beta = layer.beta.as_ref().expect("the policy's layer norms have a bias").val();
+    B::fused_layer_norm(x, layer.gamma.val(), beta, NORM_EPSILON)
 }
 
 /// The rotary frequencies `theta^(-2i/k)` of a head `k` channels wide.

@@ -66,7 +66,7 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
     }
 }
 
-impl<B: crate::AttentionBackend> PolicyNetwork<B> for crate::PolicyModel<B> {
+impl<B: crate::AttentionBackend + crate::PointwiseBackend> PolicyNetwork<B> for crate::PolicyModel<B> {
     fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         self.hidden_at(tokens, at)
     }

@@ -28,7 +28,7 @@ pub trait CausalLm<B: Backend> {
     }
 }
 
-impl<B: crate::AttentionBackend> CausalLm<B> for PolicyModel<B> {
+impl<B: crate::AttentionBackend + crate::PointwiseBackend> CausalLm<B> for PolicyModel<B> {
     fn n_layers(&self) -> usize {
         PolicyModel::n_layers(self)
     }
@@ -318,7 +318,7 @@ fn last_rows<B: Backend>(logits: Tensor<B, 2>) -> Vec<Vec<f32>> {
 
 /// Recompute a reply's log-probabilities with one full forward pass over
 /// `prompt + reply`, under the grammar's masks and the temperature.
-pub fn masked_logprobs<B: crate::AttentionBackend>(
+pub fn masked_logprobs<B: crate::AttentionBackend + crate::PointwiseBackend>(
     model: &PolicyModel<B>,
     prompt: &[u32],
     reply: &[u32],
