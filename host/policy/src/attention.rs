@@ -43,6 +43,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::{AttentionModuleOptions, BoolTensor, FloatTensor};
 use rayon::prelude::*;
 
+use crate::flex::{f32_tensor, f32_values};
 use crate::{PointwiseBackend, ScoringBackend};
 
 /// A backend that runs causal attention as one differentiable operation.
@@ -167,15 +168,15 @@ impl AttentionBackend for burn::backend::Flex {
         v: Tensor<Self, 4>,
         mask: Option<Tensor<Self, 4, Bool>>,
     ) -> Tensor<Self, 4> {
-        let (shape, device) = (Shape::of(&q, &k), q.device());
+        let shape = Shape::of(&q, &k);
         if shape.t < 8 {
             // Sampling's few new positions over a long cache: flex's kernel
             // reads the cache in place, where ours would copy it first.
             return burn_attention(q, k, v, mask);
         }
         let mask = mask.map(bools);
-        let out = shape.forward(&floats(q), &floats(k), &floats(v), mask.as_deref());
-        Tensor::from_data(TensorData::new(out, [shape.b, shape.h, shape.t, shape.kd]), &device)
+        let out = shape.forward(&f32_values(q), &f32_values(k), &f32_values(v), mask.as_deref());
+        f32_tensor(out, [shape.b, shape.h, shape.t, shape.kd])
     }
 
     fn causal_attention_backward(
@@ -185,30 +186,25 @@ impl AttentionBackend for burn::backend::Flex {
         mask: Option<Tensor<Self, 4, Bool>>,
         grad: Tensor<Self, 4>,
     ) -> [Tensor<Self, 4>; 3] {
-        let (shape, device) = (Shape::of(&q, &k), q.device());
+        let shape = Shape::of(&q, &k);
         let Shape { b, h, t, p, kd } = shape;
         let mask = mask.map(bools);
-        let [dq, dk, dv] = shape.backward(&floats(q), &floats(k), &floats(v), &floats(grad), mask.as_deref());
-        let tensor = |x: Vec<f32>, rows: usize| Tensor::from_data(TensorData::new(x, [b, h, rows, kd]), &device);
+        let [dq, dk, dv] = shape.backward(&f32_values(q), &f32_values(k), &f32_values(v), &f32_values(grad), mask.as_deref());
+        let tensor = |x: Vec<f32>, rows: usize| f32_tensor(x, [b, h, rows, kd]);
         [tensor(dq, t), tensor(dk, p), tensor(dv, p)]
     }
 
     fn packed_causal_attention(qkv: Tensor<Self, 3>, heads: usize) -> Tensor<Self, 3> {
-        let (shape, device) = (Shape::packed(&qkv, heads), qkv.device());
-        let out = shape.packed_forward(&floats(qkv));
-        Tensor::from_data(TensorData::new(out, [shape.b, shape.t, shape.h * shape.kd]), &device)
+        let shape = Shape::packed(&qkv, heads);
+        let out = shape.packed_forward(&f32_values(qkv));
+        f32_tensor(out, [shape.b, shape.t, shape.h * shape.kd])
     }
 
     fn packed_causal_attention_backward(qkv: Tensor<Self, 3>, heads: usize, grad: Tensor<Self, 3>) -> Tensor<Self, 3> {
-        let (shape, device) = (Shape::packed(&qkv, heads), qkv.device());
-        let dqkv = shape.packed_backward(&floats(qkv), &floats(grad));
-        Tensor::from_data(TensorData::new(dqkv, [shape.b, shape.t, 3 * shape.h * shape.kd]), &device)
+        let shape = Shape::packed(&qkv, heads);
+        let dqkv = shape.packed_backward(&f32_values(qkv), &f32_values(grad));
+        f32_tensor(dqkv, [shape.b, shape.t, 3 * shape.h * shape.kd])
     }
-}
-
-/// A tensor's values, row-major (a strided view is copied into order).
-fn floats<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
-    x.into_data().convert::<f32>().into_vec::<f32>().expect("f32 attention inputs")
 }
 
 fn bools<B: Backend>(x: Tensor<B, 4, Bool>) -> Vec<bool> {
