@@ -14,6 +14,9 @@
 //!   grammar with a KV cache, and [`masked_logprobs`] recomputes its
 //!   log-probabilities in one full pass, as the learner will.
 //! * [`BurnPolicy`] puts the model behind the agent loop's `Policy` seam.
+//! * [`AttentionBackend`] and [`PointwiseBackend`] make causal attention,
+//!   layer normalisation and GELU one autodiff node each, with fused
+//!   backward passes and flex kernels of our own.
 //! * [`token_scores`] gives the learner the log-probabilities and entropies
 //!   of the sampled tokens from the final hidden states, as one autodiff
 //!   node that never holds more than a chunk of logits.
