@@ -189,7 +189,7 @@ struct OneRowPerPass<B: burn::prelude::Backend> {
     inner: ragen_policy::PolicyModel<B>,
 }
 
-impl<B: ragen_policy::AttentionBackend> ragen_policy::PolicyNetwork<B> for OneRowPerPass<B> {
+impl<B: ragen_policy::AttentionBackend + ragen_policy::PointwiseBackend> ragen_policy::PolicyNetwork<B> for OneRowPerPass<B> {
     fn hidden_at_and_values(
         &self,
         tokens: burn::prelude::Tensor<B, 2, burn::prelude::Int>,
