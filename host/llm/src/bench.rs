@@ -87,25 +87,8 @@ pub fn bench_llm<B: ragen_policy::TrainBackend>(model: &Llm<B>, config: &LlmBenc
     let vocab = model.vocab_size() as u64;
     let mut rng = SeedRng::new(3);
     let train_ids: Vec<i64> = (0..config.train_rows * config.train_len).map(|_| (rng.next_u64() % vocab) as i64).collect();
-    // The learner's scoring at every position but each row's last: the
-    // hidden states there, then the next token's log-probability and the
-    // entropy through the chunked output layer (PyTorch's twin: cross-entropy
-    // on the shifted logits).
     let (r, l) = (config.train_rows, config.train_len);
-    let at: Vec<i64> = (0..r).flat_map(|row| (0..l - 1).map(move |i| (row * l + i) as i64)).collect();
-    let next: Vec<i64> = at.iter().map(|&i| train_ids[i as usize + 1]).collect();
-    let n = at.len();
-    let train = rate(config.min_time, || {
-        let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(train_ids.clone(), [r, l]), device);
-        let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at.clone(), [n]), device);
-        let (hidden, values) = model.hidden_at(tokens, at); // [n, d], [r, l]
-        let taken = Tensor::<B, 1, Int>::from_data(TensorData::new(next.clone(), [n]), device);
-        let options = ragen_policy::ScoreOptions::new(1.0, model.vocab_size());
-        let s = ragen_policy::token_scores(hidden, ragen_policy::PolicyNetwork::output_layer(model), taken, None, options);
-        let loss = s.logp.mean().neg() + values.mean();
-        let _grads = loss.backward();
-        r * l
-    });
+    let train = rate(config.min_time, || ragen_policy::next_token_pass(model, &train_ids, [r, l], device));
     LlmBenchReport {
         batch: b,
         prompt_tokens: longest,

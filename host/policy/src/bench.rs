@@ -5,6 +5,7 @@
 
 use crate::grammar::AnswerGrammar;
 use crate::model::PolicyModel;
+use crate::network::PolicyNetwork;
 use crate::sample::sample_batch_with;
 use burn::module::AutodiffModule;
 use burn::prelude::*;
@@ -89,25 +90,7 @@ pub fn bench_policy<B: crate::TrainBackend>(
     let longest = config.prompts.iter().map(Vec::len).max().unwrap_or(0);
     let len = (longest + budget).min(model.max_seq_len());
     let ids: Vec<i64> = config.prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64).chain(std::iter::repeat(0)).take(len)).collect();
-    // The learner's scoring at every position but each row's last: the
-    // hidden states there, then the next token's log-probability (and the
-    // entropy) through the output layer as one node. The PyTorch twin
-    // (`scripts/reference/policy_bench.py`) takes the cross-entropy of the
-    // shifted logits.
-    let at: Vec<i64> = (0..b).flat_map(|row| (0..len - 1).map(move |i| (row * len + i) as i64)).collect();
-    let next: Vec<i64> = at.iter().map(|&i| ids[i as usize + 1]).collect();
-    let n = at.len();
-    let train = rate(config.min_time, || {
-        let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.clone(), [b, len]), device);
-        let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at.clone(), [n]), device);
-        let (hidden, values) = model.hidden_at(tokens, at); // [n, d], [b, len]
-        let taken = Tensor::<B, 1, Int>::from_data(TensorData::new(next.clone(), [n]), device);
-        let options = crate::ScoreOptions::new(1.0, model.vocab_size());
-        let scores = crate::token_scores(hidden, crate::PolicyNetwork::output_layer(model), taken, None, options);
-        let loss = scores.logp.mean().neg() + values.mean();
-        let _grads = loss.backward();
-        b * len
-    });
+    let train = rate(config.min_time, || next_token_pass(model, &ids, [b, len], device));
     PolicyBenchReport {
         vocab: model.vocab_size(),
         prompt_tokens: longest,
@@ -118,6 +101,33 @@ pub fn bench_policy<B: crate::TrainBackend>(
         sample_tokens_per_s_unbatched: unbatched,
         reply_tokens: budget,
     }
+}
+
+/// One training pass as the benches time it, returning the tokens it
+/// handled: over `ids` `[rows, len]` (row-major), the learner's scoring at
+/// every position but each row's last (the hidden states there, then the
+/// next token's log-probability through the output layer as one node), the
+/// loss `−mean(log p) + mean(values)`, and its backward pass. The PyTorch
+/// twins (`scripts/reference/`) take the cross-entropy of the shifted logits.
+pub fn next_token_pass<B: crate::TrainBackend, N: PolicyNetwork<B>>(
+    model: &N,
+    ids: &[i64],
+    [rows, len]: [usize; 2],
+    device: &B::Device,
+) -> usize {
+    let at: Vec<i64> = (0..rows).flat_map(|row| (0..len - 1).map(move |i| (row * len + i) as i64)).collect();
+    let next: Vec<i64> = at.iter().map(|&i| ids[i as usize + 1]).collect();
+    let n = at.len();
+    let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.to_vec(), [rows, len]), device);
+    let at = Tensor::<B, 1, Int>::from_data(TensorData::new(at, [n]), device);
+    let (hidden, values) = model.hidden_at_and_values(tokens, at); // [n, d], [rows, len]
+    let taken = Tensor::<B, 1, Int>::from_data(TensorData::new(next, [n]), device);
+    let head = model.output_layer();
+    let options = crate::ScoreOptions::new(1.0, head.weight.dims()[1]);
+    let scores = crate::token_scores(hidden, head, taken, None, options);
+    let loss = scores.logp.mean().neg() + values.mean();
+    let _grads = loss.backward();
+    rows * len
 }
 
 impl PolicyBenchReport {

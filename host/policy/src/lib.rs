@@ -37,7 +37,7 @@ mod tokenizer;
 
 pub use agent::{BurnPolicy, SamplingConfig};
 pub use attention::{AttentionBackend, TrainBackend};
-pub use bench::{PolicyBenchConfig, PolicyBenchReport, bench_policy};
+pub use bench::{PolicyBenchConfig, PolicyBenchReport, bench_policy, next_token_pass};
 pub use grammar::{AnswerGrammar, GrammarState};
 pub use model::{KvCache, PolicyModel, PolicyModelConfig, Rotation, inv_frequencies};
 pub use network::PolicyNetwork;
