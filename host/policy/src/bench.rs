@@ -123,7 +123,7 @@ pub fn next_token_pass<B: crate::TrainBackend, N: PolicyNetwork<B>>(
     let (hidden, values) = model.hidden_at_and_values(tokens, at); // [n, d], [rows, len]
     let taken = Tensor::<B, 1, Int>::from_data(TensorData::new(next, [n]), device);
     let head = model.output_layer();
-    let options = crate::ScoreOptions::new(1.0, head.weight.dims()[1]);
+    let options = crate::ScoreOptions::new(1.0, head.vocab_size());
     let scores = crate::token_scores(hidden, head, taken, None, options);
     let loss = scores.logp.mean().neg() + values.mean();
     let _grads = loss.backward();

@@ -104,10 +104,13 @@ impl PointwiseBackend for burn::backend::Cuda {}
 #[cfg(feature = "libtorch")]
 impl PointwiseBackend for burn::backend::LibTorch {}
 
-/// Rows per parallel task: about 16k floats, so that a task outweighs its
-/// scheduling and a pass of a few thousand rows still splits over cores.
+/// Floats per parallel task: enough that a task outweighs its scheduling,
+/// few enough that a pass of a few thousand rows still splits over cores.
+const TASK_FLOATS: usize = 16_384;
+
+/// Whole rows `d` wide per parallel task, about [`TASK_FLOATS`].
 fn rows_per_task(d: usize) -> usize {
-    (16_384 / d.max(1)).max(1)
+    (TASK_FLOATS / d.max(1)).max(1)
 }
 
 impl PointwiseBackend for burn::backend::Flex {
@@ -157,7 +160,7 @@ impl PointwiseBackend for burn::backend::Flex {
         let x = f32_values(x);
         let mut out = vec![0.0f32; x.len()];
         let simd = pulp::Arch::new();
-        out.par_chunks_mut(16_384).zip(x.par_chunks(16_384)).for_each(|(out, x)| {
+        out.par_chunks_mut(TASK_FLOATS).zip(x.par_chunks(TASK_FLOATS)).for_each(|(out, x)| {
             simd.dispatch(GeluKernel { x, g: None, out });
         });
         f32_tensor(out, dims)
@@ -168,7 +171,7 @@ impl PointwiseBackend for burn::backend::Flex {
         let (x, grad) = (f32_values(x), f32_values(grad));
         let mut dx = vec![0.0f32; x.len()];
         let simd = pulp::Arch::new();
-        dx.par_chunks_mut(16_384).zip(x.par_chunks(16_384).zip(grad.par_chunks(16_384))).for_each(|(dx, (x, g))| {
+        dx.par_chunks_mut(TASK_FLOATS).zip(x.par_chunks(TASK_FLOATS).zip(grad.par_chunks(TASK_FLOATS))).for_each(|(dx, (x, g))| {
             simd.dispatch(GeluKernel { x, g: Some(g), out: dx });
         });
         f32_tensor(dx, dims)
