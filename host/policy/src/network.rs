@@ -75,9 +75,12 @@ impl<B: crate::AttentionBackend + crate::PointwiseBackend> PolicyNetwork<B> for 
         OutputLayer::of(&self.lm_head)
     }
 
-    /// The autodiff path materialises attention scores `[b, h, l, l]`;
-    /// keep them to 4 Mi floats (16 MiB), which also keeps them in cache on
-    /// a CPU.
+    /// Backends without our attention kernel materialise the scores
+    /// `[b, h, l, l]`; keep them to 4 Mi floats (16 MiB), which also keeps
+    /// them in cache on a CPU. Flex does not materialise them, but passes of
+    /// up to 100 rows were measured slower there (SimpleSokoban's update,
+    /// 4.3 against 4.15 s a step; docs/results.md), so the bound holds for
+    /// every backend.
     fn rows_per_pass(&self, len: usize) -> usize {
         ((4 << 20) / (self.n_heads() * len * len).max(1)).max(1)
     }
