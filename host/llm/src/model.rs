@@ -13,9 +13,9 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::activation::silu;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
-use ragen_policy::{AttentionBackend, CausalLm, KvCache, OutputLayer, PolicyNetwork, Rotation};
+use ragen_policy::{
+    AttentionBackend, AttentionHeads, CausalLm, KvCache, LayerCache, OutputLayer, PointwiseBackend, PolicyNetwork, Rotation,
+};
 use std::path::Path;
 
 /// A pretrained causal language model with a value head.
@@ -98,7 +98,7 @@ fn small_value_head<B: Backend>(d: usize, device: &B::Device) -> Linear<B> {
     Linear { weight: Param::from_tensor(weight), bias: Some(Param::from_tensor(Tensor::zeros([1], device))) }
 }
 
-impl<B: AttentionBackend> Llm<B> {
+impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
     pub fn vocab_size(&self) -> usize {
         self.lm_head.weight.dims()[1]
     }
@@ -226,36 +226,28 @@ struct Heads {
     k: usize,
 }
 
-impl<B: AttentionBackend> DecoderLayer<B> {
-    /// x `[b·t, d]`; the cache holds keys and values `[b, g, p, k]`, already
-    /// rotated; `padding` `[b, 1, t, p]` hides padded keys; `lora` adds its
-    /// adapters' updates to the projections.
+impl<B: AttentionBackend + PointwiseBackend> DecoderLayer<B> {
+    /// x `[b·t, d]`; the cache holds keys and values `[b, P, g·k]`, already
+    /// rotated; `padding` `[b, t, p]` hides padded keys; `lora` adds its
+    /// adapters' updates to the projections. Heads stay side by side, as the
+    /// projections write them, all the way through attention.
     fn forward(
         &self,
         x: Tensor<B, 2>,
         lora: Option<&LayerAdapters<B>>,
-        cache: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
-        padding: Option<Tensor<B, 4, Bool>>,
+        cache: LayerCache<'_, B>,
+        padding: Option<Tensor<B, 3, Bool>>,
         rotation: &Rotation<B>,
         s: Heads,
     ) -> Tensor<B, 2> {
         let Heads { b, t, h, g, k } = s;
         let normed = self.attn_norm.forward(x.clone());
-        // [b·t, heads·k] -> [b, heads, t, k]; with one new position the
-        // layouts coincide and a reshape is enough.
-        let split = |y: Tensor<B, 2>, heads: usize| {
-            if t == 1 { y.reshape([b, heads, 1, k]) } else { y.reshape([b, t, heads, k]).swap_dims(1, 2) }
-        };
-        let q = rotation.apply(split(adapted(&self.q, lora.and_then(|a| a.q.as_ref()), normed.clone()), h));
-        let k_new = rotation.apply(split(adapted(&self.k, lora.and_then(|a| a.k.as_ref()), normed.clone()), g));
-        let v_new = split(adapted(&self.v, lora.and_then(|a| a.v.as_ref()), normed), g);
-        let (keys, values) = match cache.take() {
-            Some((kc, vc)) => (Tensor::cat(vec![kc, k_new], 2), Tensor::cat(vec![vc, v_new], 2)), // [b, g, p, k]
-            None => (k_new, v_new),
-        };
-        *cache = Some((keys.clone(), values.clone()));
-        let attended = attend(q, keys, values, padding, s); // [b·t, h·k]
-        let x = x + adapted(&self.o, lora.and_then(|a| a.o.as_ref()), attended);
+        let q = rotation.apply(adapted(&self.q, lora.and_then(|a| a.q.as_ref()), normed.clone())).reshape([b, t, h * k]);
+        let k_new = rotation.apply(adapted(&self.k, lora.and_then(|a| a.k.as_ref()), normed.clone())).reshape([b, t, g * k]);
+        let v_new = adapted(&self.v, lora.and_then(|a| a.v.as_ref()), normed).reshape([b, t, g * k]);
+        let (keys, values, p) = cache.append(k_new, v_new); // [b, P, g·k], p filled
+        let attended = B::causal_attention(q, keys, values, padding, AttentionHeads::grouped(h, g), p); // [b, t, h·k]
+        let x = x + adapted(&self.o, lora.and_then(|a| a.o.as_ref()), attended.reshape([b * t, h * k]));
         let normed = self.mlp_norm.forward(x.clone());
         let gate = adapted(&self.gate, lora.and_then(|a| a.gate.as_ref()), normed.clone()); // [b·t, f]
         let up = adapted(&self.up, lora.and_then(|a| a.up.as_ref()), normed); // [b·t, f]
@@ -264,34 +256,7 @@ impl<B: AttentionBackend> DecoderLayer<B> {
     }
 }
 
-/// Causal attention of queries `[b, h, t, k]` over keys and values
-/// `[b, g, p, k]`, each key/value head serving `h / g` query heads; returns
-/// `[b·t, h·k]`.
-fn attend<B: AttentionBackend>(
-    q: Tensor<B, 4>,
-    keys: Tensor<B, 4>,
-    values: Tensor<B, 4>,
-    padding: Option<Tensor<B, 4, Bool>>,
-    Heads { b, t, h, g, k }: Heads,
-) -> Tensor<B, 2> {
-    let p = keys.dims()[2];
-    if t == 1 {
-        // One new position sees every cached key: the h / g query heads of a
-        // group are rows of one query block, so keys are not copied per head.
-        let q = q.reshape([b, g, h / g, k]);
-        let mask = padding.map(|m| m.expand([b, g, h / g, p]));
-        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
-        return attention(q, keys, values, mask, None, options).reshape([b, h * k]);
-    }
-    // [b, g, p, k] -> [b, h, p, k]
-    let share = |y: Tensor<B, 4>| if h == g { y } else { y.unsqueeze_dim::<5>(2).expand([b, g, h / g, p, k]).reshape([b, h, p, k]) };
-    // Causal from the bottom-right corner: new position i (absolute
-    // p - t + i) sees keys up to itself.
-    let attended = B::causal_attention(q, share(keys), share(values), padding.map(|m| m.expand([b, h, t, p]))); // [b, h, t, k]
-    attended.swap_dims(1, 2).reshape([b * t, h * k])
-}
-
-impl<B: AttentionBackend> CausalLm<B> for Llm<B> {
+impl<B: AttentionBackend + PointwiseBackend> CausalLm<B> for Llm<B> {
     fn n_layers(&self) -> usize {
         self.layers.len()
     }
@@ -305,7 +270,7 @@ impl<B: AttentionBackend> CausalLm<B> for Llm<B> {
     }
 }
 
-impl<B: AttentionBackend> PolicyNetwork<B> for Llm<B> {
+impl<B: AttentionBackend + PointwiseBackend> PolicyNetwork<B> for Llm<B> {
     fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         self.hidden_at(tokens, at)
     }

@@ -15,7 +15,7 @@ use anyhow::Result;
 use burn::prelude::*;
 use ragen_agent::{Context, Message, Policy, Response, Tokenizer};
 use ragen_env_sdk::SeedRng;
-use ragen_policy::{AttentionBackend, KvCache, ReplyRule, Sampling, sample_batch};
+use ragen_policy::{AttentionBackend, KvCache, PointwiseBackend, ReplyRule, Sampling, sample_batch};
 
 /// Free text that ends at an end-of-turn token or after a stop string.
 #[derive(Clone, Debug)]
@@ -149,7 +149,7 @@ pub struct LlmPolicy<B: Backend> {
     name: String,
 }
 
-impl<B: AttentionBackend> LlmPolicy<B> {
+impl<B: AttentionBackend + PointwiseBackend> LlmPolicy<B> {
     pub fn new(pretrained: Pretrained<B>, config: LlmSampling, seed: u64) -> Self {
         let rule = StopRule::new(&pretrained.tokenizer, "</answer>");
         let name = pretrained.path.file_name().map_or_else(|| "pretrained".into(), |n| n.to_string_lossy().into_owned());
@@ -169,7 +169,7 @@ impl<B: AttentionBackend> LlmPolicy<B> {
     }
 }
 
-impl<B: AttentionBackend> Policy for LlmPolicy<B> {
+impl<B: AttentionBackend + PointwiseBackend> Policy for LlmPolicy<B> {
     fn name(&self) -> &str {
         &self.name
     }
@@ -202,7 +202,7 @@ impl<B: AttentionBackend> Policy for LlmPolicy<B> {
     }
 }
 
-impl<B: AttentionBackend> Llm<B> {
+impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
     /// The longest prompt that leaves room for a reply of `reply` tokens.
     pub fn max_seq_len_for_prompts(&self, reply: usize) -> usize {
         self.max_seq_len.saturating_sub(reply).max(1)
@@ -211,7 +211,13 @@ impl<B: AttentionBackend> Llm<B> {
 
 /// Greedy decoding of one prompt: the most likely token each step, until
 /// `eos` (included) or `max_new_tokens`.
-pub fn greedy<B: AttentionBackend>(model: &Llm<B>, prompt: &[u32], eos: u32, max_new_tokens: usize, device: &B::Device) -> Vec<u32> {
+pub fn greedy<B: AttentionBackend + PointwiseBackend>(
+    model: &Llm<B>,
+    prompt: &[u32],
+    eos: u32,
+    max_new_tokens: usize,
+    device: &B::Device,
+) -> Vec<u32> {
     let mut cache = KvCache::new(model.n_layers());
     let ids: Vec<i64> = prompt.iter().map(|&x| x as i64).collect();
     let mut input = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, prompt.len()]), device);

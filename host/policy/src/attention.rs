@@ -1,4 +1,5 @@
-//! Causal self-attention with a fused backward pass.
+//! Causal self-attention with a fused backward pass, on the layout the
+//! projections around it read and write.
 //!
 //! Burn 0.21's autodiff backend differentiates attention by running its
 //! reference composition (`attention_fallback`): the scores `[b, h, t, p]`
@@ -22,13 +23,23 @@
 //! dq = dS k,   dk = dSᵀ q
 //! ```
 //!
+//! The operands stay in the projections' row layout, heads side by side
+//! (`[b, t, h·k]`), and keys and values may have fewer heads than queries
+//! (grouped-query attention, as Llama and Qwen2 use). The usual split into
+//! `[b, h, t, k]`, a copy of each head per query head and a merge back are
+//! copies that each cost a pass over memory (and, under autodiff, a
+//! backward pass): in a pretrained model's prefill they took about a fifth
+//! of the time. The keys and values may also be a cache's buffers with room
+//! for more positions than are filled ([`crate::KvCache`]), which the kernel
+//! reads in place.
+//!
 //! On flex a row-at-a-time kernel does this without materialising any
-//! `[t, p]` tensor and skips the causally hidden half; other backends (wgpu,
+//! `[t, p]` tensor and skips the causally hidden half; one task serves a
+//! key/value head and the query heads that read it. Other backends (wgpu,
 //! CUDA, LibTorch) run the same equations as tensor operations, which is
 //! still far fewer passes than the fallback's graph.
 //! [`AttentionBackend::packed_causal_attention`] is the same node on the
-//! `qkv` projection as it comes out of the linear layer, `[b, t, 3d]`, for a
-//! whole-sequence pass: no head is split off, transposed or merged back.
+//! `qkv` projection as it comes out of one linear layer, `[b, t, 3d]`.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -46,76 +57,126 @@ use rayon::prelude::*;
 use crate::flex::{f32_tensor, f32_values};
 use crate::{PointwiseBackend, ScoringBackend};
 
+/// How many heads an attention call has: `query` heads read `key_value`
+/// heads, each key/value head serving `query / key_value` consecutive query
+/// heads (grouped-query attention; equal counts are multi-head attention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionHeads {
+    pub query: usize,
+    pub key_value: usize,
+}
+
+impl AttentionHeads {
+    /// Grouped-query attention; `query` must be a multiple of `key_value`.
+    pub fn grouped(query: usize, key_value: usize) -> Self {
+        assert!(key_value > 0 && query % key_value == 0, "{query} query heads cannot share {key_value} key/value heads evenly");
+        Self { query, key_value }
+    }
+
+    /// Multi-head attention: every query head has its own keys and values.
+    pub fn multi(heads: usize) -> Self {
+        Self::grouped(heads, heads)
+    }
+}
+
 /// A backend that runs causal attention as one differentiable operation.
 ///
 /// Every backend the host builds implements it: flex with its own backward
 /// kernel, the others with the default methods.
 pub trait AttentionBackend: Backend {
-    /// `softmax(q kᵀ/√k, hiding masked and future keys) v`: q `[b, h, t, k]`,
-    /// keys and values `[b, h, p, k]` (`p ≥ t`), `mask` `[b, h, t, p]` true
-    /// where a query may not see a key. Causal from the bottom-right corner:
-    /// query `i` sits at absolute position `p − t + i` and sees keys up to
-    /// it. Returns `[b, h, t, k]`.
+    /// `softmax(q kᵀ/√k, hiding masked and future keys) v` on row layouts:
+    /// queries `q` `[b, t, h·k]`; keys `k` and values `v` `[b, P, g·k]`, of
+    /// which the first `keys` rows (`t ≤ keys ≤ P`) are filled (a cache may
+    /// have room for more); `mask` `[b, t, keys]` true where a query may not
+    /// see a key. Causal from the bottom-right corner: query `i` sits at
+    /// absolute position `keys − t + i` and sees keys up to it. Returns
+    /// `[b, t, h·k]`, heads side by side.
     fn causal_attention(
-        q: Tensor<Self, 4>,
-        k: Tensor<Self, 4>,
-        v: Tensor<Self, 4>,
-        mask: Option<Tensor<Self, 4, Bool>>,
-    ) -> Tensor<Self, 4> {
-        burn_attention(q, k, v, mask)
+        q: Tensor<Self, 3>,
+        k: Tensor<Self, 3>,
+        v: Tensor<Self, 3>,
+        mask: Option<Tensor<Self, 3, Bool>>,
+        heads: AttentionHeads,
+        keys: usize,
+    ) -> Tensor<Self, 3> {
+        tensor_attention(q, k, v, mask, heads, keys)
     }
 
     /// The gradients `[dq, dk, dv]` of [`AttentionBackend::causal_attention`]
-    /// given the gradient `grad` `[b, h, t, k]` of its output.
+    /// given the gradient `grad` `[b, t, h·k]` of its output; `dk` and `dv`
+    /// are `[b, P, g·k]`, zero beyond the first `keys` rows.
     fn causal_attention_backward(
-        q: Tensor<Self, 4>,
-        k: Tensor<Self, 4>,
-        v: Tensor<Self, 4>,
-        mask: Option<Tensor<Self, 4, Bool>>,
-        grad: Tensor<Self, 4>,
-    ) -> [Tensor<Self, 4>; 3] {
-        attention_backward_tensors(q, k, v, mask, grad)
+        q: Tensor<Self, 3>,
+        k: Tensor<Self, 3>,
+        v: Tensor<Self, 3>,
+        mask: Option<Tensor<Self, 3, Bool>>,
+        heads: AttentionHeads,
+        keys: usize,
+        grad: Tensor<Self, 3>,
+    ) -> [Tensor<Self, 3>; 3] {
+        attention_backward_tensors(q, k, v, mask, heads, keys, grad)
     }
 
     /// Causal self-attention over packed projections, without a cache or
     /// a mask: `qkv` `[b, t, 3d]` holds the queries, keys and values side by
-    /// side, each `heads` heads of `d / heads` channels; returns `[b, t, d]`,
-    /// heads side by side. This is the layout the projections around
-    /// attention read and write, so no head is split off, transposed or
-    /// merged back (copies, each with a backward pass of its own).
+    /// side, each `heads` heads of `d / heads` channels; returns `[b, t, d]`.
     fn packed_causal_attention(qkv: Tensor<Self, 3>, heads: usize) -> Tensor<Self, 3> {
-        let [q, k, v] = split_heads(qkv, heads);
-        merge_heads(Self::causal_attention(q, k, v, None))
+        let [q, k, v] = split_packed(qkv);
+        let t = q.dims()[1];
+        Self::causal_attention(q, k, v, None, AttentionHeads::multi(heads), t)
     }
 
     /// The gradient `[b, t, 3d]` of [`AttentionBackend::packed_causal_attention`]
     /// with respect to `qkv`, given its output's `grad` `[b, t, d]`.
     fn packed_causal_attention_backward(qkv: Tensor<Self, 3>, heads: usize, grad: Tensor<Self, 3>) -> Tensor<Self, 3> {
-        let [q, k, v] = split_heads(qkv, heads);
-        let [b, t, d] = grad.dims();
-        let grad = grad.reshape([b, t, heads, d / heads]).swap_dims(1, 2);
-        Tensor::cat(Self::causal_attention_backward(q, k, v, None, grad).map(merge_heads).to_vec(), 2)
+        let [q, k, v] = split_packed(qkv);
+        let t = q.dims()[1];
+        Tensor::cat(Self::causal_attention_backward(q, k, v, None, AttentionHeads::multi(heads), t, grad).to_vec(), 2)
     }
 }
 
-/// Burn's own causal attention (the reference composition under autodiff,
-/// a fused kernel on most backends).
-fn burn_attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: Option<Tensor<B, 4, Bool>>) -> Tensor<B, 4> {
+/// [`AttentionBackend::causal_attention`] through Burn's own attention (the
+/// reference composition under autodiff, a fused kernel on most backends),
+/// heads split off and keys shared out as it expects.
+fn tensor_attention<B: Backend>(
+    q: Tensor<B, 3>,
+    k: Tensor<B, 3>,
+    v: Tensor<B, 3>,
+    mask: Option<Tensor<B, 3, Bool>>,
+    heads: AttentionHeads,
+    keys: usize,
+) -> Tensor<B, 3> {
+    let [b, t, _] = q.dims();
+    let (h, g) = (heads.query, heads.key_value);
+    let (k, v) = (k.narrow(1, 0, keys), v.narrow(1, 0, keys));
+    let mask = mask.map(|m| m.unsqueeze_dim::<4>(1).expand([b, h, t, keys]));
     let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-    attention(q, k, v, mask, None, options)
+    merge_heads(attention(to_heads(q, h), share(to_heads(k, g), h), share(to_heads(v, g), h), mask, None, options))
 }
 
-/// `[b, t, 3d]` to queries, keys and values `[b, h, t, d/h]`.
-fn split_heads<B: Backend>(qkv: Tensor<B, 3>, heads: usize) -> [Tensor<B, 4>; 3] {
-    let [b, t, d3] = qkv.dims();
-    let d = d3 / 3;
-    [0, 1, 2].map(|i| qkv.clone().narrow(2, i * d, d).reshape([b, t, heads, d / heads]).swap_dims(1, 2))
+/// `[b, t, 3d]` to queries, keys and values `[b, t, d]`.
+fn split_packed<B: Backend>(qkv: Tensor<B, 3>) -> [Tensor<B, 3>; 3] {
+    let d = qkv.dims()[2] / 3;
+    [0, 1, 2].map(|i| qkv.clone().narrow(2, i * d, d))
 }
 
-/// `[b, h, t, k]` to `[b, t, h·k]`.
+/// `[b, n, heads·k]` to `[b, heads, n, k]`.
+fn to_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+    let [b, n, w] = x.dims();
+    x.reshape([b, n, heads, w / heads]).swap_dims(1, 2)
+}
+
+/// `[b, h, n, k]` to `[b, n, h·k]`.
 fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
-    let [b, h, t, k] = x.dims();
-    x.swap_dims(1, 2).reshape([b, t, h * k])
+    let [b, h, n, k] = x.dims();
+    x.swap_dims(1, 2).reshape([b, n, h * k])
+}
+
+/// Keys or values `[b, g, p, k]` repeated for the query heads each serves:
+/// `[b, h, p, k]`.
+fn share<B: Backend>(x: Tensor<B, 4>, h: usize) -> Tensor<B, 4> {
+    let [b, g, p, k] = x.dims();
+    if g == h { x } else { x.unsqueeze_dim::<5>(2).expand([b, g, h / g, p, k]).reshape([b, h, p, k]) }
 }
 
 /// What the learner trains on: an autodiff backend with the fused attention,
@@ -135,21 +196,28 @@ where
 
 /// The backward equations as tensor operations, for any backend.
 fn attention_backward_tensors<B: Backend>(
-    q: Tensor<B, 4>,
-    k: Tensor<B, 4>,
-    v: Tensor<B, 4>,
-    mask: Option<Tensor<B, 4, Bool>>,
-    grad: Tensor<B, 4>,
-) -> [Tensor<B, 4>; 3] {
-    let [b, h, t, kd] = q.dims();
-    let p = k.dims()[2];
+    q: Tensor<B, 3>,
+    k: Tensor<B, 3>,
+    v: Tensor<B, 3>,
+    mask: Option<Tensor<B, 3, Bool>>,
+    heads: AttentionHeads,
+    keys: usize,
+    grad: Tensor<B, 3>,
+) -> [Tensor<B, 3>; 3] {
+    let [b, t, hk] = q.dims();
+    let [_, room, _] = k.dims();
+    let (h, g, kd) = (heads.query, heads.key_value, hk / heads.query);
+    let p = keys;
     let scale = 1.0 / (kd as f64).sqrt();
     let device = q.device();
     let future: Vec<bool> = (0..t).flat_map(|i| (0..p).map(move |j| j > p - t + i)).collect();
     let mut hidden = Tensor::<B, 2, Bool>::from_data(TensorData::new(future, [t, p]), &device).reshape([1, 1, t, p]).expand([b, h, t, p]);
     if let Some(mask) = mask {
-        hidden = hidden.bool_or(mask);
+        hidden = hidden.bool_or(mask.unsqueeze_dim::<4>(1).expand([b, h, t, p]));
     }
+    let (q, grad) = (to_heads(q, h), to_heads(grad, h)); // [b, h, t, k]
+    let k = share(to_heads(k.narrow(1, 0, p), g), h); // [b, h, p, k]
+    let v = share(to_heads(v.narrow(1, 0, p), g), h);
     let scores = q.clone().matmul(k.clone().swap_dims(2, 3)) * scale; // [b, h, t, p]
     let probs = softmax(scores.mask_fill(hidden, f32::NEG_INFINITY), 3); // [b, h, t, p]
     let dv = probs.clone().swap_dims(2, 3).matmul(grad.clone()); // [b, h, p, k]
@@ -158,56 +226,72 @@ fn attention_backward_tensors<B: Backend>(
     let ds = probs * (dp - delta) * scale; // [b, h, t, p]
     let dq = ds.clone().matmul(k); // [b, h, t, k]
     let dk = ds.swap_dims(2, 3).matmul(q); // [b, h, p, k]
-    [dq, dk, dv]
+    // A key/value head's gradient sums its query heads'; rows past `keys`
+    // (a cache's spare room) get none.
+    let unshare = |x: Tensor<B, 4>| {
+        let x = merge_heads(x.reshape([b, g, h / g, p, kd]).sum_dim(2).reshape([b, g, p, kd])); // [b, p, g·k]
+        if room > p { Tensor::cat(vec![x, Tensor::zeros([b, room - p, g * kd], &device)], 1) } else { x }
+    };
+    [merge_heads(dq), unshare(dk), unshare(dv)]
 }
 
 impl AttentionBackend for burn::backend::Flex {
     fn causal_attention(
-        q: Tensor<Self, 4>,
-        k: Tensor<Self, 4>,
-        v: Tensor<Self, 4>,
-        mask: Option<Tensor<Self, 4, Bool>>,
-    ) -> Tensor<Self, 4> {
-        let shape = Shape::of(&q, &k);
-        if shape.t < 8 {
-            // Sampling's few new positions over a long cache: flex's kernel
-            // reads the cache in place, where ours would copy it first.
-            return burn_attention(q, k, v, mask);
-        }
+        q: Tensor<Self, 3>,
+        k: Tensor<Self, 3>,
+        v: Tensor<Self, 3>,
+        mask: Option<Tensor<Self, 3, Bool>>,
+        heads: AttentionHeads,
+        keys: usize,
+    ) -> Tensor<Self, 3> {
+        let shape = Shape::rows(&q, &k, heads, keys);
         let mask = mask.map(bools);
         let out = shape.forward(&f32_values(q), &f32_values(k), &f32_values(v), mask.as_deref());
-        f32_tensor(out, [shape.b, shape.h, shape.t, shape.kd])
+        f32_tensor(out, [shape.b, shape.t, shape.h * shape.kd])
     }
 
     fn causal_attention_backward(
-        q: Tensor<Self, 4>,
-        k: Tensor<Self, 4>,
-        v: Tensor<Self, 4>,
-        mask: Option<Tensor<Self, 4, Bool>>,
-        grad: Tensor<Self, 4>,
-    ) -> [Tensor<Self, 4>; 3] {
-        let shape = Shape::of(&q, &k);
-        let Shape { b, h, t, p, kd } = shape;
+        q: Tensor<Self, 3>,
+        k: Tensor<Self, 3>,
+        v: Tensor<Self, 3>,
+        mask: Option<Tensor<Self, 3, Bool>>,
+        heads: AttentionHeads,
+        keys: usize,
+        grad: Tensor<Self, 3>,
+    ) -> [Tensor<Self, 3>; 3] {
+        let shape = Shape::rows(&q, &k, heads, keys);
+        let (q_dims, k_dims) = (q.dims(), k.dims());
         let mask = mask.map(bools);
-        let [dq, dk, dv] = shape.backward(&f32_values(q), &f32_values(k), &f32_values(v), &f32_values(grad), mask.as_deref());
-        let tensor = |x: Vec<f32>, rows: usize| f32_tensor(x, [b, h, rows, kd]);
-        [tensor(dq, t), tensor(dk, p), tensor(dv, p)]
+        let pieces = shape.backward(&f32_values(q), &f32_values(k), &f32_values(v), &f32_values(grad), mask.as_deref());
+        let gradient = |part: usize, dims: [usize; 3]| {
+            let mut x = vec![0.0; dims.iter().product()];
+            shape.scatter_gradient(&pieces, part, &mut x);
+            f32_tensor(x, dims)
+        };
+        [gradient(0, q_dims), gradient(1, k_dims), gradient(2, k_dims)]
     }
 
     fn packed_causal_attention(qkv: Tensor<Self, 3>, heads: usize) -> Tensor<Self, 3> {
         let shape = Shape::packed(&qkv, heads);
-        let out = shape.packed_forward(&f32_values(qkv));
+        let qkv = f32_values(qkv);
+        let out = shape.forward(&qkv, &qkv, &qkv, None);
         f32_tensor(out, [shape.b, shape.t, shape.h * shape.kd])
     }
 
     fn packed_causal_attention_backward(qkv: Tensor<Self, 3>, heads: usize, grad: Tensor<Self, 3>) -> Tensor<Self, 3> {
         let shape = Shape::packed(&qkv, heads);
-        let dqkv = shape.packed_backward(&f32_values(qkv), &f32_values(grad));
-        f32_tensor(dqkv, [shape.b, shape.t, 3 * shape.h * shape.kd])
+        let dims = qkv.dims();
+        let qkv = f32_values(qkv);
+        let pieces = shape.backward(&qkv, &qkv, &qkv, &f32_values(grad), None);
+        let mut dqkv = vec![0.0; dims.iter().product()];
+        for part in 0..3 {
+            shape.scatter_gradient(&pieces, part, &mut dqkv);
+        }
+        f32_tensor(dqkv, dims)
     }
 }
 
-fn bools<B: Backend>(x: Tensor<B, 4, Bool>) -> Vec<bool> {
+fn bools<B: Backend>(x: Tensor<B, 3, Bool>) -> Vec<bool> {
     x.into_data().into_vec::<bool>().expect("a boolean attention mask")
 }
 
@@ -218,22 +302,23 @@ impl AttentionBackend for burn::backend::Cuda {}
 #[cfg(feature = "libtorch")]
 impl AttentionBackend for burn::backend::LibTorch {}
 
-/// The attention node of the autodiff graph: it keeps `q`, `k`, `v` and the
-/// mask, and hands the output's gradient to the inner backend's backward.
+/// The attention node of the autodiff graph: it keeps `q`, `k`, `v`, the
+/// mask and the shape, and hands the output's gradient to the inner
+/// backend's backward.
 #[derive(Debug)]
 struct CausalAttention;
 
-type AttentionState<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, Option<BoolTensor<B>>);
+type AttentionState<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, Option<BoolTensor<B>>, AttentionHeads, usize);
 
 impl<B: AttentionBackend> Backward<B, 3> for CausalAttention {
     type State = AttentionState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<B>(&ops.node);
-        let (q, k, v, mask) = ops.state;
-        let float = |x| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x));
-        let mask = mask.map(Tensor::<B, 4, Bool>::from_primitive);
-        let parts = B::causal_attention_backward(float(q), float(k), float(v), mask, float(grad));
+        let (q, k, v, mask, heads, keys) = ops.state;
+        let float = |x| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(x));
+        let mask = mask.map(Tensor::<B, 3, Bool>::from_primitive);
+        let parts = B::causal_attention_backward(float(q), float(k), float(v), mask, heads, keys, float(grad));
         for (parent, part) in ops.parents.into_iter().zip(parts) {
             if let Some(node) = parent {
                 grads.register::<B>(node.id, part.into_primitive().tensor());
@@ -244,22 +329,24 @@ impl<B: AttentionBackend> Backward<B, 3> for CausalAttention {
 
 impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B, C> {
     fn causal_attention(
-        q: Tensor<Self, 4>,
-        k: Tensor<Self, 4>,
-        v: Tensor<Self, 4>,
-        mask: Option<Tensor<Self, 4, Bool>>,
-    ) -> Tensor<Self, 4> {
+        q: Tensor<Self, 3>,
+        k: Tensor<Self, 3>,
+        v: Tensor<Self, 3>,
+        mask: Option<Tensor<Self, 3, Bool>>,
+        heads: AttentionHeads,
+        keys: usize,
+    ) -> Tensor<Self, 3> {
         let (q, k, v) = (q.into_primitive().tensor(), k.into_primitive().tensor(), v.into_primitive().tensor());
         let mask: Option<BoolTensor<B>> = mask.map(|m| m.into_primitive());
         let forward = || {
-            let float = |x: &FloatTensor<B>| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x.clone()));
-            let mask = mask.clone().map(Tensor::<B, 4, Bool>::from_primitive);
-            B::causal_attention(float(&q.primitive), float(&k.primitive), float(&v.primitive), mask).into_primitive().tensor()
+            let float = |x: &FloatTensor<B>| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(x.clone()));
+            let mask = mask.clone().map(Tensor::<B, 3, Bool>::from_primitive);
+            B::causal_attention(float(&q.primitive), float(&k.primitive), float(&v.primitive), mask, heads, keys).into_primitive().tensor()
         };
         let out = match CausalAttention.prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
                 let out = forward();
-                prep.finish((q.primitive, k.primitive, v.primitive, mask), out)
+                prep.finish((q.primitive, k.primitive, v.primitive, mask, heads, keys), out)
             }
             OpsKind::UnTracked(prep) => prep.finish(forward()),
         };
@@ -300,132 +387,163 @@ impl<B: AttentionBackend> Backward<B, 1> for PackedAttention {
     }
 }
 
-/// Sizes of one attention call: batch, heads, queries, keys, head width.
+/// Where one operand's heads lie in its buffer: head `hi` of batch entry
+/// `bi`'s row `i` is the `k` floats from `bi·batch + i·width + offset + hi·k`.
+#[derive(Clone, Copy)]
+struct Operand {
+    batch: usize,
+    width: usize,
+    offset: usize,
+}
+
+impl Operand {
+    /// `[b, rows, width]`, heads from column 0.
+    fn rows(rows: usize, width: usize) -> Self {
+        Self { batch: rows * width, width, offset: 0 }
+    }
+
+    /// Heads `h0..h0 + heads` of rows `0..n` of batch entry `bi`, `kd`
+    /// channels each: `[heads, n, kd]` contiguous.
+    #[inline(always)]
+    fn gather(self, x: &[f32], kd: usize, bi: usize, h0: usize, heads: usize, n: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(heads * n * kd);
+        for hi in h0..h0 + heads {
+            for i in 0..n {
+                let at = bi * self.batch + i * self.width + self.offset + hi * kd;
+                out.extend_from_slice(&x[at..at + kd]);
+            }
+        }
+        out
+    }
+
+    /// Head `hi` of rows `0..n` of batch entry `bi`, transposed: `[kd, n]`.
+    #[inline(always)]
+    fn gather_transposed(self, x: &[f32], kd: usize, bi: usize, hi: usize, n: usize) -> Vec<f32> {
+        let mut out = vec![0.0; kd * n];
+        for i in 0..n {
+            let at = bi * self.batch + i * self.width + self.offset + hi * kd;
+            for (c, &value) in x[at..at + kd].iter().enumerate() {
+                out[c * n + i] = value;
+            }
+        }
+        out
+    }
+
+    /// The inverse of [`Operand::gather`]: `piece` `[heads, n, kd]` written
+    /// into `x`.
+    fn scatter(self, x: &mut [f32], kd: usize, bi: usize, h0: usize, n: usize, piece: &[f32]) {
+        for (j, head) in piece.chunks_exact(n * kd).enumerate() {
+            for (i, row) in head.chunks_exact(kd).enumerate() {
+                let at = bi * self.batch + i * self.width + self.offset + (h0 + j) * kd;
+                x[at..at + kd].copy_from_slice(row);
+            }
+        }
+    }
+}
+
+/// Sizes of one attention call (batch, query heads, key/value heads, new
+/// positions, visible keys, head width) and where its operands lie.
 #[derive(Clone, Copy)]
 struct Shape {
     b: usize,
     h: usize,
+    g: usize,
     t: usize,
     p: usize,
     kd: usize,
+    q: Operand,
+    k: Operand,
+    v: Operand,
 }
+
+/// One task's gradients: `dq` of its query heads `[h/g, t, k]`, `dk` and
+/// `dv` of its key/value head `[p, k]`.
+type Pieces = [Vec<f32>; 3];
 
 // The kernels are plain loops over slices, every helper `inline(always)`:
 // `pulp::Arch::dispatch` compiles them inside a function with the CPU's best
 // instruction set enabled (AVX2 and FMA, or AVX-512) and picks it at run
 // time, where the binary itself targets baseline x86-64.
 
-/// One (row, head)'s slices: queries (or their gradients) `[t, k]`, keys
-/// and values (or theirs) `[p, k]`, the mask `[t, p]`.
-type Head<'a> = [&'a [f32]; 4];
-
 impl Shape {
-    fn of<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>) -> Self {
-        let [b, h, t, kd] = q.dims();
-        Self { b, h, t, p: k.dims()[2], kd }
+    /// Queries `[b, t, h·k]`, keys and values `[b, P, g·k]`, `keys` of the
+    /// `P` rows filled.
+    fn rows<B: Backend>(q: &Tensor<B, 3>, k: &Tensor<B, 3>, heads: AttentionHeads, keys: usize) -> Self {
+        let ([b, t, hk], [_, room, gk]) = (q.dims(), k.dims());
+        let (h, g) = (heads.query, heads.key_value);
+        let kd = hk / h;
+        assert!(hk == h * kd && gk == g * kd, "queries [{b}, {t}, {hk}] and keys [{b}, {room}, {gk}] for {h} and {g} heads");
+        assert!(t <= keys && keys <= room, "{t} queries over {keys} of {room} keys");
+        let kv = Operand::rows(room, gk);
+        Self { b, h, g, t, p: keys, kd, q: Operand::rows(t, hk), k: kv, v: kv }
     }
 
+    /// Packed `qkv` `[b, t, 3d]`.
     fn packed<B: Backend>(qkv: &Tensor<B, 3>, heads: usize) -> Self {
         let [b, t, d3] = qkv.dims();
-        Self { b, h: heads, t, p: t, kd: d3 / 3 / heads }
+        let d = d3 / 3;
+        let part = |i: usize| Operand { batch: t * d3, width: d3, offset: i * d };
+        Self { b, h: heads, g: heads, t, p: t, kd: d / heads, q: part(0), k: part(1), v: part(2) }
     }
 
-    /// Head `hi`'s channels of each of `rows` rows `width` wide, starting
-    /// at column `at`: `[t, k]` contiguous.
-    fn gather(self, rows: &[f32], width: usize, at: usize) -> Vec<f32> {
-        rows.chunks_exact(width).flat_map(|row| &row[at..at + self.kd]).copied().collect()
+    /// The output's (and its gradient's) layout, `[b, t, h·k]`.
+    fn out(self) -> Operand {
+        Operand::rows(self.t, self.h * self.kd)
     }
 
-    /// The output `[b, t, d]` of packed `qkv` `[b, t, 3d]`: one task per
-    /// (row, head) on its own copy of its head, then the heads side by side.
-    fn packed_forward(self, qkv: &[f32]) -> Vec<f32> {
-        let Shape { b, h, t, kd, .. } = self;
-        let d = h * kd;
+    /// Batch entry `bi`'s mask `[t, p]`.
+    fn mask_of(self, mask: Option<&[bool]>, bi: usize) -> Option<&[bool]> {
+        mask.map(|m| &m[bi * self.t * self.p..(bi + 1) * self.t * self.p])
+    }
+
+    /// The output `[b, t, h·k]`: one task per (batch entry, key/value head).
+    fn forward(self, q: &[f32], k: &[f32], v: &[f32], mask: Option<&[bool]>) -> Vec<f32> {
+        let Shape { b, h, g, t, kd, .. } = self;
         let simd = pulp::Arch::new();
-        let heads: Vec<Vec<f32>> = (0..b * h)
+        let pieces: Vec<Vec<f32>> = (0..b * g)
             .into_par_iter()
-            .map(|bh| {
-                let (rows, hi) = (&qkv[bh / h * t * 3 * d..(bh / h + 1) * t * 3 * d], bh % h);
-                let [q, k, v] = [0, 1, 2].map(|part| self.gather(rows, 3 * d, part * d + hi * kd));
-                let mut out = vec![0.0; t * kd];
-                simd.dispatch(Kernel { shape: self, head: [&q, &k, &v, &[]], mask: None, out: Out::Forward(&mut out) });
+            .map(|task| {
+                let mut out = vec![0.0; h / g * t * kd];
+                let inputs = [q, k, v, &[]];
+                simd.dispatch(Kernel { shape: self, task, inputs, mask: self.mask_of(mask, task / g), out: Out::Forward(&mut out) });
                 out
             })
             .collect();
-        let mut out = vec![0.0; b * t * d];
-        for (bh, head) in heads.iter().enumerate() {
-            let (bi, hi) = (bh / h, bh % h);
-            for (i, row) in head.chunks_exact(kd).enumerate() {
-                out[(bi * t + i) * d + hi * kd..][..kd].copy_from_slice(row);
-            }
+        let mut out = vec![0.0; b * t * h * kd];
+        for (task, piece) in pieces.iter().enumerate() {
+            self.out().scatter(&mut out, kd, task / g, task % g * (h / g), t, piece);
         }
         out
     }
 
-    /// `d qkv` `[b, t, 3d]` from packed `qkv` and the output's `grad`
-    /// `[b, t, d]`, as [`Shape::packed_forward`] splits the work.
-    fn packed_backward(self, qkv: &[f32], grad: &[f32]) -> Vec<f32> {
-        let Shape { b, h, t, kd, .. } = self;
-        let d = h * kd;
+    /// Each task's `[dq, dk, dv]` (see [`Pieces`]), given the output's
+    /// `grad` `[b, t, h·k]`.
+    fn backward(self, q: &[f32], k: &[f32], v: &[f32], grad: &[f32], mask: Option<&[bool]>) -> Vec<Pieces> {
+        let Shape { b, h, g, t, p, kd, .. } = self;
         let simd = pulp::Arch::new();
-        let heads: Vec<[Vec<f32>; 3]> = (0..b * h)
+        (0..b * g)
             .into_par_iter()
-            .map(|bh| {
-                let (bi, hi) = (bh / h, bh % h);
-                let rows = &qkv[bi * t * 3 * d..(bi + 1) * t * 3 * d];
-                let [q, k, v] = [0, 1, 2].map(|part| self.gather(rows, 3 * d, part * d + hi * kd));
-                let g = self.gather(&grad[bi * t * d..(bi + 1) * t * d], d, hi * kd);
-                let [mut dq, mut dk, mut dv] = [0, 1, 2].map(|_| vec![0.0; t * kd]);
+            .map(|task| {
+                let [mut dq, mut dk, mut dv] = [h / g * t * kd, p * kd, p * kd].map(|n| vec![0.0; n]);
                 let out = Out::Backward([&mut dq, &mut dk, &mut dv]);
-                simd.dispatch(Kernel { shape: self, head: [&q, &k, &v, &g], mask: None, out });
+                simd.dispatch(Kernel { shape: self, task, inputs: [q, k, v, grad], mask: self.mask_of(mask, task / g), out });
                 [dq, dk, dv]
             })
-            .collect();
-        let mut dqkv = vec![0.0; b * t * 3 * d];
-        for (bh, parts) in heads.iter().enumerate() {
-            let (bi, hi) = (bh / h, bh % h);
-            for (part, x) in parts.iter().enumerate() {
-                for (i, row) in x.chunks_exact(kd).enumerate() {
-                    dqkv[(bi * t + i) * 3 * d + part * d + hi * kd..][..kd].copy_from_slice(row);
-                }
+            .collect()
+    }
+
+    /// Writes part `part` (0 `dq`, 1 `dk`, 2 `dv`) of every task's pieces
+    /// into `x`, laid out as that operand is.
+    fn scatter_gradient(self, pieces: &[Pieces], part: usize, x: &mut [f32]) {
+        let Shape { h, g, t, p, kd, .. } = self;
+        for (task, piece) in pieces.iter().enumerate() {
+            let (bi, gi) = (task / g, task % g);
+            match part {
+                0 => self.q.scatter(x, kd, bi, gi * (h / g), t, &piece[0]),
+                1 => self.k.scatter(x, kd, bi, gi, p, &piece[1]),
+                _ => self.v.scatter(x, kd, bi, gi, p, &piece[2]),
             }
         }
-        dqkv
-    }
-
-    /// This (row, head)'s part of `[q, k, v, grad]` and of the mask.
-    fn head<'a>(self, bh: usize, [q, k, v, grad]: Head<'a>, mask: Option<&'a [bool]>) -> (Head<'a>, Option<&'a [bool]>) {
-        let Shape { t, p, kd, .. } = self;
-        let (queries, keys) = (bh * t * kd..(bh + 1) * t * kd, bh * p * kd..(bh + 1) * p * kd);
-        let grad = if grad.is_empty() { grad } else { &grad[queries.clone()] };
-        ([&q[queries], &k[keys.clone()], &v[keys], grad], mask.map(|m| &m[bh * t * p..(bh + 1) * t * p]))
-    }
-
-    /// The output `[b, h, t, k]`: one task per (row, head).
-    fn forward(self, q: &[f32], k: &[f32], v: &[f32], mask: Option<&[bool]>) -> Vec<f32> {
-        let Shape { b, h, t, kd, .. } = self;
-        let mut out = vec![0.0; b * h * t * kd];
-        let simd = pulp::Arch::new();
-        out.par_chunks_mut(t * kd).enumerate().for_each(|(bh, out)| {
-            let (head, mask) = self.head(bh, [q, k, v, &[]], mask);
-            simd.dispatch(Kernel { shape: self, head, mask, out: Out::Forward(out) });
-        });
-        out
-    }
-
-    /// `[dq, dk, dv]` from row-major `q`, `grad` `[b, h, t, k]` and `k`, `v`
-    /// `[b, h, p, k]`: one task per (row, head).
-    fn backward(self, q: &[f32], k: &[f32], v: &[f32], grad: &[f32], mask: Option<&[bool]>) -> [Vec<f32>; 3] {
-        let Shape { b, h, t, p, kd } = self;
-        let (mut dq, mut dk, mut dv) = (vec![0.0; b * h * t * kd], vec![0.0; b * h * p * kd], vec![0.0; b * h * p * kd]);
-        let simd = pulp::Arch::new();
-        dq.par_chunks_mut(t * kd).zip(dk.par_chunks_mut(p * kd)).zip(dv.par_chunks_mut(p * kd)).enumerate().for_each(
-            |(bh, ((dq, dk), dv))| {
-                let (head, mask) = self.head(bh, [q, k, v, grad], mask);
-                simd.dispatch(Kernel { shape: self, head, mask, out: Out::Backward([dq, dk, dv]) });
-            },
-        );
-        [dq, dk, dv]
     }
 
     /// Query `i`'s probabilities over the keys it sees into `probs`, from
@@ -463,34 +581,33 @@ impl Shape {
         visible
     }
 
-    /// One (row, head): `out[i] = Σ_j P_ij v_j`.
+    /// One query head: `out[i] = Σ_j P_ij v_j`, from its queries `q`
+    /// `[t, k]` and the keys and values transposed, `[k, p]`.
     #[inline(always)]
-    fn head_forward(self, [q, k, v, _]: Head<'_>, mask: Option<&[bool]>, out: &mut [f32]) {
+    fn head_forward(self, q: &[f32], kt: &[f32], vt: &[f32], mask: Option<&[bool]>, out: &mut [f32]) {
         let Shape { t, p, kd, .. } = self;
-        let (kt, vt) = (transpose(k, p, kd), transpose(v, p, kd));
         let mut probs = vec![0.0f32; p];
         for i in 0..t {
-            let visible = self.row_probs(i, &q[i * kd..(i + 1) * kd], &kt, mask, &mut probs);
+            let visible = self.row_probs(i, &q[i * kd..(i + 1) * kd], kt, mask, &mut probs);
             for (c, o) in out[i * kd..(i + 1) * kd].iter_mut().enumerate() {
                 *o = dot(&probs[..visible], &vt[c * p..c * p + visible]);
             }
         }
     }
 
-    /// One (row, head): its queries' probabilities recomputed, then the
-    /// three gradients accumulated over the visible keys. Keys, values and
-    /// their gradients are held transposed, `[k, p]`, so that every inner
+    /// One query head: its probabilities recomputed, then `dq` `[t, k]`
+    /// written and `dkt`, `dvt` `[k, p]` (its key/value head's gradients,
+    /// transposed) accumulated over the visible keys, so that every inner
     /// loop runs along the keys.
     #[inline(always)]
-    fn head_backward(self, [q, k, v, grad]: Head<'_>, mask: Option<&[bool]>, [dq, dk, dv]: [&mut [f32]; 3]) {
+    #[allow(clippy::too_many_arguments)]
+    fn head_backward(self, [q, kt, vt, grad]: [&[f32]; 4], mask: Option<&[bool]>, dq: &mut [f32], dkt: &mut [f32], dvt: &mut [f32]) {
         let Shape { t, p, kd, .. } = self;
         let scale = 1.0 / (kd as f32).sqrt();
-        let (kt, vt) = (transpose(k, p, kd), transpose(v, p, kd));
-        let (mut dkt, mut dvt) = (vec![0.0f32; kd * p], vec![0.0f32; kd * p]);
         let (mut probs, mut ds) = (vec![0.0f32; p], vec![0.0f32; p]);
         for i in 0..t {
             let (qi, gi) = (&q[i * kd..(i + 1) * kd], &grad[i * kd..(i + 1) * kd]);
-            let visible = self.row_probs(i, qi, &kt, mask, &mut probs);
+            let visible = self.row_probs(i, qi, kt, mask, &mut probs);
             let (probs, ds) = (&probs[..visible], &mut ds[..visible]);
             // dP = dO vᵀ; dS = P ∘ (dP − rowsum(P ∘ dP)) · s.
             ds.fill(0.0);
@@ -508,23 +625,51 @@ impl Shape {
                 axpy(&mut dvt[keys], gi[c], probs);
             }
         }
-        dk.copy_from_slice(&transpose(&dkt, kd, p));
-        dv.copy_from_slice(&transpose(&dvt, kd, p));
+    }
+
+    /// One task: key/value head `task % g` of batch entry `task / g`, and
+    /// the `h / g` query heads that read it. Its keys and values are
+    /// transposed once for all of them.
+    #[inline(always)]
+    fn task(self, task: usize, [q, k, v, grad]: [&[f32]; 4], mask: Option<&[bool]>, out: Out<'_>) {
+        let Shape { h, g, t, p, kd, .. } = self;
+        let (bi, gi, r) = (task / g, task % g, h / g);
+        let (kt, vt) = (self.k.gather_transposed(k, kd, bi, gi, p), self.v.gather_transposed(v, kd, bi, gi, p));
+        let queries = self.q.gather(q, kd, bi, gi * r, r, t); // [r, t, k]
+        match out {
+            Out::Forward(out) => {
+                for (q, out) in queries.chunks_exact(t * kd).zip(out.chunks_exact_mut(t * kd)) {
+                    self.head_forward(q, &kt, &vt, mask, out);
+                }
+            }
+            Out::Backward([dq, dk, dv]) => {
+                let grads = self.out().gather(grad, kd, bi, gi * r, r, t); // [r, t, k]
+                let (mut dkt, mut dvt) = (vec![0.0f32; kd * p], vec![0.0f32; kd * p]);
+                for ((q, g), dq) in queries.chunks_exact(t * kd).zip(grads.chunks_exact(t * kd)).zip(dq.chunks_exact_mut(t * kd)) {
+                    self.head_backward([q, &kt, &vt, g], mask, dq, &mut dkt, &mut dvt);
+                }
+                dk.copy_from_slice(&transpose(&dkt, kd, p));
+                dv.copy_from_slice(&transpose(&dvt, kd, p));
+            }
+        }
     }
 }
 
-/// One (row, head)'s kernel for `pulp::Arch::dispatch`, which compiles
-/// `with_simd` inside a function built for the chosen instruction set; the
-/// kernels, `inline(always)`, are compiled into it. (A closure handed to
-/// `dispatch` was compiled on its own, for baseline x86-64.)
+/// One task's kernel for `pulp::Arch::dispatch`, which compiles `with_simd`
+/// inside a function built for the chosen instruction set; the kernels,
+/// `inline(always)`, are compiled into it. (A closure handed to `dispatch`
+/// was compiled on its own, for baseline x86-64.)
 struct Kernel<'a> {
     shape: Shape,
-    head: Head<'a>,
+    task: usize,
+    /// `[q, k, v, grad]`, whole buffers (`grad` empty going forward).
+    inputs: [&'a [f32]; 4],
+    /// This batch entry's mask `[t, p]`.
     mask: Option<&'a [bool]>,
     out: Out<'a>,
 }
 
-/// What a [`Kernel`] computes: the output, or `[dq, dk, dv]`.
+/// What a [`Kernel`] computes: its query heads' output, or its [`Pieces`].
 enum Out<'a> {
     Forward(&'a mut [f32]),
     Backward([&'a mut [f32]; 3]),
@@ -535,10 +680,7 @@ impl pulp::WithSimd for Kernel<'_> {
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
-        match self.out {
-            Out::Forward(out) => self.shape.head_forward(self.head, self.mask, out),
-            Out::Backward(grads) => self.shape.head_backward(self.head, self.mask, grads),
-        }
+        self.shape.task(self.task, self.inputs, self.mask, self.out);
     }
 }
 
@@ -620,39 +762,53 @@ mod tests {
 
     type Ad = Autodiff<Flex>;
 
-    fn random(shape: [usize; 4], seed: u64) -> Tensor<Ad, 4> {
+    fn random(shape: [usize; 3], seed: u64) -> Tensor<Ad, 3> {
         let mut rng = ragen_env_sdk::SeedRng::stream(seed, 0);
         let n = shape.iter().product();
         let xs: Vec<f32> = (0..n).map(|_| rng.below(2001) as f32 / 1000.0 - 1.0).collect();
         Tensor::from_data(TensorData::new(xs, shape), &Default::default())
     }
 
-    fn close(a: Tensor<Flex, 4>, b: Tensor<Flex, 4>, what: &str) {
+    fn close(a: Tensor<Flex, 3>, b: Tensor<Flex, 3>, what: &str) {
+        assert_eq!(a.dims(), b.dims(), "{what}: shapes");
         let (a, b) = (a.into_data().into_vec::<f32>().unwrap(), b.into_data().into_vec::<f32>().unwrap());
         let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
         assert!(worst < 1e-5, "{what}: largest difference {worst}");
     }
 
-    /// Gradients of Σ out ∘ w through Burn's own attention (the fallback
-    /// graph) and through ours.
-    fn gradients(fused: bool, [b, h, t, p, kd]: [usize; 5], mask: Option<Tensor<Ad, 4, Bool>>) -> Vec<Tensor<Flex, 4>> {
-        let q = random([b, h, t, kd], 1).require_grad();
-        let k = random([b, h, p, kd], 2).require_grad();
-        let v = random([b, h, p, kd], 3).require_grad();
-        let w = random([b, h, t, kd], 4);
+    /// Batch, new positions, query heads, key/value heads, head width, key
+    /// rows in the buffers, and how many of them are filled.
+    #[derive(Clone, Copy)]
+    struct Case {
+        b: usize,
+        t: usize,
+        h: usize,
+        g: usize,
+        kd: usize,
+        room: usize,
+        keys: usize,
+    }
+
+    /// Output and gradients of Σ out ∘ w through Burn's own attention (the
+    /// fallback graph, heads split and shared out) or through our node.
+    fn gradients(fused: bool, c: Case, mask: Option<Tensor<Ad, 3, Bool>>) -> Vec<Tensor<Flex, 3>> {
+        let q = random([c.b, c.t, c.h * c.kd], 1).require_grad();
+        let k = random([c.b, c.room, c.g * c.kd], 2).require_grad();
+        let v = random([c.b, c.room, c.g * c.kd], 3).require_grad();
+        let w = random([c.b, c.t, c.h * c.kd], 4);
+        let heads = AttentionHeads::grouped(c.h, c.g);
         let out = if fused {
-            Ad::causal_attention(q.clone(), k.clone(), v.clone(), mask)
+            Ad::causal_attention(q.clone(), k.clone(), v.clone(), mask, heads, c.keys)
         } else {
-            let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-            attention(q.clone(), k.clone(), v.clone(), mask, None, options)
+            tensor_attention(q.clone(), k.clone(), v.clone(), mask, heads, c.keys)
         };
         let grads = (out.clone() * w).sum().backward();
         vec![out.inner(), q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()]
     }
 
-    fn agree(shape: [usize; 5], mask: impl Fn() -> Option<Tensor<Ad, 4, Bool>>) {
-        let ours = gradients(true, shape, mask());
-        let burns = gradients(false, shape, mask());
+    fn agree(c: Case, mask: impl Fn() -> Option<Tensor<Ad, 3, Bool>>) {
+        let ours = gradients(true, c, mask());
+        let burns = gradients(false, c, mask());
         for ((a, b), what) in ours.into_iter().zip(burns).zip(["output", "dq", "dk", "dv"]) {
             close(a, b, what);
         }
@@ -660,29 +816,37 @@ mod tests {
 
     #[test]
     fn the_fused_node_matches_burns_attention_and_its_gradients() {
-        agree([2, 3, 7, 7, 4], || None);
+        agree(Case { b: 2, t: 7, h: 3, g: 3, kd: 4, room: 7, keys: 7 }, || None);
         // More keys than queries (a cache before the new positions).
-        agree([1, 2, 3, 9, 8], || None);
+        agree(Case { b: 1, t: 3, h: 2, g: 2, kd: 8, room: 9, keys: 9 }, || None);
+    }
+
+    #[test]
+    fn grouped_heads_and_a_cache_with_room_to_spare_read_and_train_the_right_keys() {
+        // Four query heads on two key/value heads; six of ten key rows
+        // filled. The spare rows get no gradient.
+        agree(Case { b: 2, t: 3, h: 4, g: 2, kd: 4, room: 10, keys: 6 }, || None);
+        // One new position, as sampling feeds them.
+        agree(Case { b: 3, t: 1, h: 6, g: 2, kd: 8, room: 12, keys: 5 }, || None);
     }
 
     #[test]
     fn a_padding_mask_hides_keys_in_the_backward_pass_too() {
-        let [b, h, t, p] = [2, 2, 5, 5];
-        let hidden: Vec<bool> = (0..b * h * t * p).map(|i| i % p == 1 && i / (h * t * p) == 1).collect();
-        agree([b, h, t, p, 4], || Some(Tensor::from_data(TensorData::new(hidden.clone(), [b, h, t, p]), &Default::default())));
+        let c = Case { b: 2, t: 5, h: 4, g: 2, kd: 4, room: 7, keys: 5 };
+        let hidden: Vec<bool> = (0..c.b * c.t * c.keys).map(|i| i % c.keys == 1 && i / (c.t * c.keys) == 1).collect();
+        agree(c, || Some(Tensor::from_data(TensorData::new(hidden.clone(), [c.b, c.t, c.keys]), &Default::default())));
     }
 
     /// Output and gradient of Σ out ∘ w for packed `qkv` `[b, t, 3d]`,
-    /// through the fused packed node or through Burn's attention head by head.
+    /// through the fused packed node or through Burn's attention.
     fn packed_gradients(fused: bool, [b, t, d, heads]: [usize; 4]) -> [Tensor<Flex, 3>; 2] {
-        let qkv = random([b, t, 3 * d, 1], 9).reshape([b, t, 3 * d]).require_grad();
-        let w = random([b, t, d, 1], 10).reshape([b, t, d]);
+        let qkv = random([b, t, 3 * d], 9).require_grad();
+        let w = random([b, t, d], 10);
         let out = if fused {
             Ad::packed_causal_attention(qkv.clone(), heads)
         } else {
-            let [q, k, v] = split_heads(qkv.clone(), heads);
-            let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-            merge_heads(attention(q, k, v, None, None, options))
+            let [q, k, v] = split_packed(qkv.clone());
+            tensor_attention(q, k, v, None, AttentionHeads::multi(heads), t)
         };
         let grads = (out.clone() * w).sum().backward();
         [out.inner(), qkv.grad(&grads).unwrap()]
@@ -693,16 +857,15 @@ mod tests {
         let shape = [3, 9, 12, 3];
         let [out, dqkv] = packed_gradients(true, shape);
         let [reference_out, reference_dqkv] = packed_gradients(false, shape);
-        close(out.unsqueeze(), reference_out.unsqueeze(), "output");
-        close(dqkv.unsqueeze(), reference_dqkv.unsqueeze(), "d qkv");
+        close(out, reference_out, "output");
+        close(dqkv, reference_dqkv, "d qkv");
         // The default methods (what wgpu, CUDA and LibTorch run) agree too.
-        let qkv = random([3, 9, 36, 1], 11).inner().reshape([3, 9, 36]);
-        let grad = random([3, 9, 12, 1], 12).inner().reshape([3, 9, 12]);
+        let qkv = random([3, 9, 36], 11).inner();
+        let grad = random([3, 9, 12], 12).inner();
         let kernel = Flex::packed_causal_attention_backward(qkv.clone(), 3, grad.clone());
-        let [q, k, v] = split_heads(qkv, 3);
-        let g = grad.reshape([3, 9, 3, 4]).swap_dims(1, 2);
-        let tensors = Tensor::cat(attention_backward_tensors(q, k, v, None, g).map(merge_heads).to_vec(), 2);
-        close(kernel.unsqueeze(), tensors.unsqueeze(), "d qkv, tensor equations");
+        let [q, k, v] = split_packed(qkv);
+        let tensors = Tensor::cat(attention_backward_tensors(q, k, v, None, AttentionHeads::multi(3), 9, grad).to_vec(), 2);
+        close(kernel, tensors, "d qkv, tensor equations");
     }
 
     #[test]
@@ -718,16 +881,17 @@ mod tests {
 
     #[test]
     fn the_tensor_equations_match_the_flex_kernel() {
-        let [b, h, t, p, kd] = [2, 2, 6, 8, 4];
-        let inner = |x: Tensor<Ad, 4>| x.inner();
+        let c = Case { b: 2, t: 6, h: 4, g: 2, kd: 4, room: 11, keys: 8 };
+        let inner = |x: Tensor<Ad, 3>| x.inner();
         let (q, k, v, g) = (
-            inner(random([b, h, t, kd], 5)),
-            inner(random([b, h, p, kd], 6)),
-            inner(random([b, h, p, kd], 7)),
-            inner(random([b, h, t, kd], 8)),
+            inner(random([c.b, c.t, c.h * c.kd], 5)),
+            inner(random([c.b, c.room, c.g * c.kd], 6)),
+            inner(random([c.b, c.room, c.g * c.kd], 7)),
+            inner(random([c.b, c.t, c.h * c.kd], 8)),
         );
-        let kernel = Flex::causal_attention_backward(q.clone(), k.clone(), v.clone(), None, g.clone());
-        let tensors = attention_backward_tensors(q, k, v, None, g);
+        let heads = AttentionHeads::grouped(c.h, c.g);
+        let kernel = Flex::causal_attention_backward(q.clone(), k.clone(), v.clone(), None, heads, c.keys, g.clone());
+        let tensors = attention_backward_tensors(q, k, v, None, heads, c.keys, g);
         for ((a, b), what) in kernel.into_iter().zip(tensors).zip(["dq", "dk", "dv"]) {
             close(a, b, what);
         }

@@ -36,10 +36,10 @@ mod scoring;
 mod tokenizer;
 
 pub use agent::{BurnPolicy, SamplingConfig};
-pub use attention::{AttentionBackend, TrainBackend};
+pub use attention::{AttentionBackend, AttentionHeads, TrainBackend};
 pub use bench::{PolicyBenchConfig, PolicyBenchReport, bench_policy, next_token_pass};
 pub use grammar::{AnswerGrammar, GrammarState};
-pub use model::{KvCache, PolicyModel, PolicyModelConfig, Rotation, inv_frequencies};
+pub use model::{KvCache, LayerCache, PolicyModel, PolicyModelConfig, Rotation, inv_frequencies};
 pub use network::PolicyNetwork;
 pub use pointwise::PointwiseBackend;
 pub use sample::{

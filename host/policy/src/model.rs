@@ -12,7 +12,7 @@
 //! design. The learner sees the model only through the policy seam, so a
 //! separate critic can be swapped in without touching it.
 
-use crate::attention::AttentionBackend;
+use crate::attention::{AttentionBackend, AttentionHeads};
 use crate::pointwise::PointwiseBackend;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
@@ -109,8 +109,10 @@ pub struct Block<B: Backend> {
 /// would alone.
 #[derive(Clone, Debug)]
 pub struct KvCache<B: Backend> {
-    /// Per layer: keys and values `[b, h, p, k]`.
-    layers: Vec<Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
+    /// Per layer: keys and values `[b, P, w]` in the model's row layout
+    /// (`w` = key/value heads × head width), the first `len` of the `P`
+    /// rows filled; the rest is room for the next positions.
+    layers: Vec<Option<(Tensor<B, 3>, Tensor<B, 3>)>>,
     len: usize,
     /// Padding per row, `(first position, count)`; empty means none.
     gaps: Vec<(usize, usize)>,
@@ -148,8 +150,9 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Each layer's keys and values, for a model's forward pass to extend.
-    pub fn layers_mut(&mut self) -> impl Iterator<Item = &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>> {
-        self.layers.iter_mut()
+    pub fn layers_mut(&mut self) -> impl Iterator<Item = LayerCache<'_, B>> {
+        let len = self.len;
+        self.layers.iter_mut().map(move |slot| LayerCache { slot, len })
     }
 
     /// Keep only rows `keep` (indices into the current rows, in order), as
@@ -174,9 +177,9 @@ impl<B: Backend> KvCache<B> {
 
     /// For `t` new positions of `b` rows after what is cached: each one's
     /// position (`[b, t]` row-major, padding not counted) and, if any row
-    /// is padded, the mask `[b, 1, t, p]` that is true where a query may not
+    /// is padded, the mask `[b, t, p]` that is true where a query may not
     /// see a key.
-    pub fn positions_and_padding(&self, b: usize, t: usize, device: &B::Device) -> (Vec<i64>, Option<Tensor<B, 4, Bool>>) {
+    pub fn positions_and_padding(&self, b: usize, t: usize, device: &B::Device) -> (Vec<i64>, Option<Tensor<B, 3, Bool>>) {
         let (offset, p) = (self.len, self.len + t);
         if self.gaps.is_empty() {
             return ((0..b).flat_map(|_| offset as i64..p as i64).collect(), None);
@@ -193,7 +196,52 @@ impl<B: Backend> KvCache<B> {
             .iter()
             .flat_map(|&(start, len)| (offset..p).flat_map(move |i| (0..p).map(move |j| j >= start && j < start + len && j != i)))
             .collect();
-        (positions, Some(Tensor::<B, 4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, p]), device)))
+        (positions, Some(Tensor::<B, 3, Bool>::from_data(TensorData::new(hidden, [b, t, p]), device)))
+    }
+}
+
+/// Spare rows a cache buffer gets when it grows: sampling then writes that
+/// many positions in place before the next copy.
+const SPARE_ROWS: usize = 32;
+
+/// One layer's keys and values in a [`KvCache`], for a forward pass to
+/// extend.
+pub struct LayerCache<'a, B: Backend> {
+    slot: &'a mut Option<(Tensor<B, 3>, Tensor<B, 3>)>,
+    len: usize,
+}
+
+impl<B: Backend> LayerCache<'_, B> {
+    /// Appends the `t` new positions' keys and values `[b, t, w]`; returns
+    /// the buffers `[b, P, w]` and how many of their rows are filled
+    /// (`len + t`, the attention's `keys`).
+    ///
+    /// Sampling adds a position or a few per step. Concatenating would copy
+    /// the whole cache every step (for a 30-layer model over 64 rows of 400
+    /// positions, a gigabyte a step); instead the buffers keep
+    /// [`SPARE_ROWS`] of room, and a write into a buffer nobody else holds
+    /// happens in place (flex's `slice_assign`).
+    pub fn append(self, keys: Tensor<B, 3>, values: Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>, usize) {
+        let (len, t) = (self.len, keys.dims()[1]);
+        let (keys, values) = match self.slot.take() {
+            // The first pass (a prompt, or a training pass) keeps its keys as they are.
+            None => (keys, values),
+            Some((kc, vc)) => (extend(kc, keys, len), extend(vc, values, len)),
+        };
+        *self.slot = Some((keys.clone(), values.clone()));
+        (keys, values, len + t)
+    }
+}
+
+/// `buffer` `[b, P, w]` with `new` `[b, t, w]` at rows `len..len + t`: in
+/// place while there is room, else in a new buffer with spare rows.
+fn extend<B: Backend>(buffer: Tensor<B, 3>, new: Tensor<B, 3>, len: usize) -> Tensor<B, 3> {
+    let ([b, room, w], t) = (buffer.dims(), new.dims()[1]);
+    if len + t <= room {
+        buffer.slice_assign([0..b, len..len + t, 0..w], new)
+    } else {
+        let spare = Tensor::zeros([b, SPARE_ROWS, w], &new.device());
+        Tensor::cat(vec![buffer.narrow(1, 0, len), new, spare], 1)
     }
 }
 
@@ -297,13 +345,13 @@ impl<B: AttentionBackend + PointwiseBackend> PolicyModel<B> {
 impl<B: AttentionBackend + PointwiseBackend> Block<B> {
     /// x `[b, t, d]`, the next `t` positions after the cache's `p - t`
     /// (`cache` `None`: no cache, and none to keep);
-    /// `padding` `[b, 1, t, p]` is true where a query may not see a key
+    /// `padding` `[b, t, p]` is true where a query may not see a key
     /// (besides the future, which is always hidden).
     fn forward(
         &self,
         x: Tensor<B, 3>,
-        cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
-        padding: Option<Tensor<B, 4, Bool>>,
+        cache: Option<LayerCache<'_, B>>,
+        padding: Option<Tensor<B, 3, Bool>>,
         rotation: Option<&Rotation<B>>,
     ) -> Tensor<B, 3> {
         // The position-wise layers run on rows `[b·t, d]`: a linear layer
@@ -323,43 +371,33 @@ impl<B: AttentionBackend + PointwiseBackend> Block<B> {
         (x + mlp).reshape([b, t, d])
     }
 
-    /// Attention head by head, with rotary positions, the cache and padding:
-    /// `qkv` `[b, t, 3d]` to `[b, t, d]`.
+    /// Attention with rotary positions, the cache and padding: `qkv`
+    /// `[b, t, 3d]` to `[b, t, d]`, heads side by side throughout.
     fn attend(
         &self,
         qkv: Tensor<B, 3>,
-        cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
-        padding: Option<Tensor<B, 4, Bool>>,
+        cache: Option<LayerCache<'_, B>>,
+        padding: Option<Tensor<B, 3, Bool>>,
         rotation: Option<&Rotation<B>>,
     ) -> Tensor<B, 3> {
         let [b, t, d3] = qkv.dims();
         let d = d3 / 3;
-        let (h, k) = (self.n_heads, d / self.n_heads);
-        let heads = |i: usize| qkv.clone().narrow(2, i * d, d).reshape([b, t, h, k]).swap_dims(1, 2); // [b, h, t, k]
-        let (mut q, mut k_new, v_new) = (heads(0), heads(1), heads(2));
+        let part = |i: usize| qkv.clone().narrow(2, i * d, d); // [b, t, d]
         // Keys are cached already rotated: a key's rotation depends only on
         // its own position.
-        if let Some(r) = rotation {
-            q = r.apply(q);
-            k_new = r.apply(k_new);
-        }
-        let (keys, values) = match cache {
-            Some(cache) => {
-                let (keys, values) = match cache.take() {
-                    Some((kc, vc)) => (Tensor::cat(vec![kc, k_new], 2), Tensor::cat(vec![vc, v_new], 2)), // [b, h, p, k]
-                    None => (k_new, v_new),
-                };
-                *cache = Some((keys.clone(), values.clone()));
-                (keys, values)
-            }
-            None => (k_new, v_new),
+        let rotate = |x: Tensor<B, 3>| match rotation {
+            Some(r) => r.apply(x.reshape([b * t, d])).reshape([b, t, d]),
+            None => x,
         };
-        let p = keys.dims()[2];
+        let (q, k_new, v_new) = (rotate(part(0)), rotate(part(1)), part(2));
+        let (keys, values, p) = match cache {
+            Some(cache) => cache.append(k_new, v_new),
+            None => (k_new, v_new, t),
+        };
         // Causal from the bottom-right corner: new position i (absolute
         // p - t + i) sees keys up to itself. One fused node under autodiff
-        // (see `attention`), the backend's own kernel without.
-        let attended = B::causal_attention(q, keys, values, padding.map(|m| m.expand([b, h, t, p]))); // [b, h, t, k]
-        attended.swap_dims(1, 2).reshape([b, t, d]) // [b, t, d]
+        // (see `attention`).
+        B::causal_attention(q, keys, values, padding, AttentionHeads::multi(self.n_heads), p) // [b, t, d]
     }
 }
 
@@ -381,9 +419,9 @@ pub fn inv_frequencies(k: usize, theta: f64) -> Vec<f32> {
 /// product depends on the two positions only through their difference.
 /// This is the "rotate half" layout of Hugging Face's Llama and Qwen2.
 pub struct Rotation<B: Backend> {
-    /// `[b, 1, t, k/2]` each.
-    cos: Tensor<B, 4>,
-    sin: Tensor<B, 4>,
+    /// `[b·t, k/2]` each.
+    cos: Tensor<B, 2>,
+    sin: Tensor<B, 2>,
 }
 
 impl<B: Backend> Rotation<B> {
@@ -393,17 +431,16 @@ impl<B: Backend> Rotation<B> {
         let angles: Vec<f32> = positions.iter().flat_map(|&p| inv_freq.iter().map(move |f| p as f32 * f)).collect();
         let cos = angles.iter().map(|a| a.cos()).collect::<Vec<_>>();
         let sin = angles.iter().map(|a| a.sin()).collect::<Vec<_>>();
-        let tensor = |v: Vec<f32>| Tensor::<B, 4>::from_data(TensorData::new(v, [b, 1, t, half]), device);
+        let tensor = |v: Vec<f32>| Tensor::<B, 2>::from_data(TensorData::new(v, [b * t, half]), device);
         Self { cos: tensor(cos), sin: tensor(sin) }
     }
+}
 
-    /// x `[b, h, t, k]`, rotated.
-    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [b, h, t, k] = x.dims();
-        let half = k / 2;
-        let (cos, sin) = (self.cos.clone().expand([b, h, t, half]), self.sin.clone().expand([b, h, t, half]));
-        let x1 = x.clone().narrow(3, 0, half);
-        let x2 = x.narrow(3, half, half);
-        Tensor::cat(vec![x1.clone() * cos.clone() - x2.clone() * sin.clone(), x1 * sin + x2 * cos], 3)
+impl<B: PointwiseBackend> Rotation<B> {
+    /// x `[b·t, heads·k]` (rows in the order of the positions given to
+    /// [`Rotation::new`]), every head rotated: one node
+    /// ([`PointwiseBackend::rotary`]).
+    pub fn apply(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        B::rotary(x, self.cos.clone(), self.sin.clone())
     }
 }

@@ -71,6 +71,24 @@ pub trait PointwiseBackend: Backend {
     fn fused_gelu_backward(x: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> Tensor<Self, 2> {
         Tensor::from_primitive(TensorPrimitive::Float(<Self as ActivationOps<Self>>::gelu_backward(float(x), float(grad))))
     }
+
+    /// Rotary positions on rows: in `x` `[n, heads·k]`, each head's channel
+    /// pairs `(i, i + k/2)` rotated by the angle whose cosine and sine are
+    /// `cos[r, i]` and `sin[r, i]` (`[n, k/2]`, one angle per row and pair).
+    /// Its gradient is the same rotation with `−sin`.
+    fn rotary(x: Tensor<Self, 2>, cos: Tensor<Self, 2>, sin: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        rotary_tensors(x, cos, sin)
+    }
+}
+
+/// [`PointwiseBackend::rotary`] as tensor operations, for any backend.
+fn rotary_tensors<B: Backend>(x: Tensor<B, 2>, cos: Tensor<B, 2>, sin: Tensor<B, 2>) -> Tensor<B, 2> {
+    let [n, w] = x.dims();
+    let half = cos.dims()[1];
+    let x = x.reshape([n, w / (2 * half), 2, half]);
+    let (x1, x2) = (x.clone().narrow(2, 0, 1), x.narrow(2, 1, 1)); // [n, heads, 1, k/2]
+    let (cos, sin) = (cos.reshape([n, 1, 1, half]), sin.reshape([n, 1, 1, half]));
+    Tensor::cat(vec![x1.clone() * cos.clone() - x2.clone() * sin.clone(), x1 * sin + x2 * cos], 2).reshape([n, w])
 }
 
 /// The layer norm's backward equations as tensor operations, for any backend.
@@ -176,6 +194,19 @@ impl PointwiseBackend for burn::backend::Flex {
         });
         f32_tensor(dx, dims)
     }
+
+    fn rotary(x: Tensor<Self, 2>, cos: Tensor<Self, 2>, sin: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let ([n, w], half) = (x.dims(), cos.dims()[1]);
+        let (x, cos, sin) = (f32_values(x), f32_values(cos), f32_values(sin));
+        let mut out = vec![0.0f32; n * w];
+        let simd = pulp::Arch::new();
+        let rows = rows_per_task(w);
+        out.par_chunks_mut(rows * w)
+            .zip(x.par_chunks(rows * w))
+            .zip(cos.par_chunks(rows * half).zip(sin.par_chunks(rows * half)))
+            .for_each(|((out, x), (cos, sin))| simd.dispatch(RotaryKernel { x, cos, sin, w, half, out }));
+        f32_tensor(out, [n, w])
+    }
 }
 
 // The kernels below are plain loops over slices, every helper
@@ -242,6 +273,36 @@ impl pulp::WithSimd for NormKernel<'_> {
                         let normed = (x[i] - mean) * r;
                         dx[i] = r * (g[i] * gamma[i] - mean_g - normed * mean_gx);
                     }
+                }
+            }
+        }
+    }
+}
+
+/// A task's rows for the rotary kernel: `x` and `out` `w` wide, `cos` and
+/// `sin` `half` wide.
+struct RotaryKernel<'a> {
+    x: &'a [f32],
+    cos: &'a [f32],
+    sin: &'a [f32],
+    w: usize,
+    half: usize,
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for RotaryKernel<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let Self { x, cos, sin, w, half, out } = self;
+        let rows = out.chunks_exact_mut(w).zip(x.chunks_exact(w)).zip(cos.chunks_exact(half).zip(sin.chunks_exact(half)));
+        for ((out, x), (cos, sin)) in rows {
+            for (out, x) in out.chunks_exact_mut(2 * half).zip(x.chunks_exact(2 * half)) {
+                let ((o1, o2), (x1, x2)) = (out.split_at_mut(half), x.split_at(half));
+                for ((((o1, o2), (&a, &b)), &c), &s) in o1.iter_mut().zip(o2).zip(x1.iter().zip(x2)).zip(cos).zip(sin) {
+                    *o1 = a * c - b * s;
+                    *o2 = a * s + b * c;
                 }
             }
         }
@@ -369,6 +430,26 @@ impl<B: PointwiseBackend> Backward<B, 1> for GeluNode {
     }
 }
 
+/// The rotary node: it keeps the angles' cosines and sines (constants).
+#[derive(Debug)]
+struct RotaryNode;
+
+impl<B: PointwiseBackend> Backward<B, 1> for RotaryNode {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let [parent] = ops.parents;
+        if let Some(node) = parent {
+            let (cos, sin) = ops.state;
+            let tensor = |x| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x));
+            // The inverse rotation: the same angles, negated.
+            let dx = B::rotary(tensor(grad), tensor(cos), -tensor(sin));
+            grads.register::<B>(node.id, float(dx));
+        }
+    }
+}
+
 impl<B: PointwiseBackend, C: CheckpointStrategy> PointwiseBackend for Autodiff<B, C> {
     fn fused_layer_norm(x: Tensor<Self, 2>, gamma: Tensor<Self, 1>, beta: Tensor<Self, 1>, epsilon: f64) -> Tensor<Self, 2> {
         let (x, gamma, beta) = (float(x), float(gamma), float(beta));
@@ -392,6 +473,21 @@ impl<B: PointwiseBackend, C: CheckpointStrategy> PointwiseBackend for Autodiff<B
             OpsKind::Tracked(prep) => {
                 let out = forward();
                 prep.finish(x.primitive, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward()),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+
+    fn rotary(x: Tensor<Self, 2>, cos: Tensor<Self, 2>, sin: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let x = float(x);
+        let (cos, sin) = (float(cos.inner()), float(sin.inner()));
+        let tensor = |x: &FloatTensor<B>| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.clone()));
+        let forward = || float(B::rotary(tensor(&x.primitive), tensor(&cos), tensor(&sin)));
+        let out = match RotaryNode.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = forward();
+                prep.finish((cos, sin), out)
             }
             OpsKind::UnTracked(prep) => prep.finish(forward()),
         };
@@ -480,6 +576,29 @@ mod tests {
         let want = <Flex as ActivationOps<Flex>>::gelu_backward(float(x.clone()), float(g.clone()));
         let want = Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(want));
         close(values(Flex::fused_gelu_backward(x, g)), values(want), 2e-6, "gelu'");
+    }
+
+    /// The rotary node (flex's kernel forward, the inverse rotation
+    /// backward) against the tensor equations differentiated by Burn, over
+    /// more rows than one task holds; and one pair by hand.
+    #[test]
+    fn rotary_node_matches_the_tensor_equations() {
+        let device = Default::default();
+        let [n, heads, half] = [400, 3, 16];
+        let x = Tensor::<Ad, 2>::random([n, heads * 2 * half], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let angles = Tensor::<Ad, 2>::random([n, half], Distribution::Uniform(-3.0, 3.0), &device);
+        let (cos, sin) = (angles.clone().cos(), angles.sin());
+        let w = Tensor::<Ad, 2>::random([n, heads * 2 * half], Distribution::Normal(0.0, 1.0), &device);
+        let ours = Ad::rotary(x.clone(), cos.clone(), sin.clone());
+        let reference = rotary_tensors(x.clone(), cos, sin);
+        close(values(ours.clone()), values(reference.clone()), 1e-6, "values");
+        let (g1, g2) = ((ours * w.clone()).sum().backward(), (reference * w).sum().backward());
+        close(values(x.grad(&g1).unwrap()), values(x.grad(&g2).unwrap()), 1e-6, "dx");
+        // Head width 2: channel 0 pairs with channel 1; a quarter turn takes
+        // (1, 2) to (−2, 1).
+        let one = |v: Vec<f32>, dims: [usize; 2]| Tensor::<Flex, 2>::from_data(TensorData::new(v, dims), &device);
+        let turned = Flex::rotary(one(vec![1.0, 2.0], [1, 2]), one(vec![0.0], [1, 1]), one(vec![1.0], [1, 1]));
+        close(values(turned), vec![-2.0, 1.0], 0.0, "a quarter turn");
     }
 
     /// The GELU node's gradient is the kernel's.
