@@ -117,6 +117,16 @@ pub trait AttentionBackend: Backend {
         attention_backward_tensors(q, k, v, mask, heads, keys, grad)
     }
 
+    /// `buffer` `[b, P, w]` with `rows` `[b, t, w]` written at rows
+    /// `at..at + t` (a KV cache's next positions). Flex writes in place when
+    /// nobody else holds the buffer: Burn 0.21's flex `slice_assign` keeps a
+    /// second handle on its input past its copy-on-write check, so it
+    /// copies the whole buffer on every call.
+    fn write_rows(buffer: Tensor<Self, 3>, at: usize, rows: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        let ([b, _, w], t) = (buffer.dims(), rows.dims()[1]);
+        buffer.slice_assign([0..b, at..at + t, 0..w], rows)
+    }
+
     /// Causal self-attention over packed projections, without a cache or
     /// a mask: `qkv` `[b, t, 3d]` holds the queries, keys and values side by
     /// side, each `heads` heads of `d / heads` channels; returns `[b, t, d]`.
@@ -269,6 +279,22 @@ impl AttentionBackend for burn::backend::Flex {
             f32_tensor(x, dims)
         };
         [gradient(0, q_dims), gradient(1, k_dims), gradient(2, k_dims)]
+    }
+
+    fn write_rows(buffer: Tensor<Self, 3>, at: usize, rows: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        let ([b, room, w], t) = (buffer.dims(), rows.dims()[1]);
+        let mut x = buffer.into_primitive().tensor();
+        let whole = x.dtype() == burn::tensor::DType::F32 && x.layout().is_contiguous() && x.layout().start_offset() == 0;
+        match x.try_storage_mut::<f32>().filter(|s| whole && s.len() == b * room * w) {
+            Some(storage) => {
+                let rows = f32_values(rows);
+                for (bi, new) in rows.chunks_exact(t * w).enumerate() {
+                    storage[(bi * room + at) * w..][..t * w].copy_from_slice(new);
+                }
+                Tensor::from_primitive(TensorPrimitive::Float(x))
+            }
+            None => Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(x)).slice_assign([0..b, at..at + t, 0..w], rows),
+        }
     }
 
     fn packed_causal_attention(qkv: Tensor<Self, 3>, heads: usize) -> Tensor<Self, 3> {
@@ -456,6 +482,11 @@ struct Shape {
     v: Operand,
 }
 
+/// Up to this many new positions, the forward pass reads keys and values
+/// row by row in place ([`Shape::head_forward_rows`]); beyond, transposing
+/// them once pays for itself.
+const ROW_WISE_QUERIES: usize = 8;
+
 /// One task's gradients: `dq` of its query heads `[h/g, t, k]`, `dk` and
 /// `dv` of its key/value head `[p, k]`.
 type Pieces = [Vec<f32>; 3];
@@ -560,6 +591,15 @@ impl Shape {
         for (c, &x) in qi.iter().enumerate() {
             axpy(scores, x * scale, &kt[c * p..c * p + visible]);
         }
+        self.softmax(i, mask, scores)
+    }
+
+    /// Query `i`'s scaled scores over the keys it sees, `scores`, turned
+    /// into probabilities in place, masked keys at 0; returns how many
+    /// there are, or 0 when the mask hides every key.
+    #[inline(always)]
+    fn softmax(self, i: usize, mask: Option<&[bool]>, scores: &mut [f32]) -> usize {
+        let (p, visible) = (self.p, scores.len());
         if let Some(mask) = mask {
             for (s, &hidden) in scores.iter_mut().zip(&mask[i * p..i * p + visible]) {
                 if hidden {
@@ -579,6 +619,37 @@ impl Shape {
             *s *= inverse;
         }
         visible
+    }
+
+    /// One query head's few queries `q` `[t, k]` against keys and values
+    /// read in place, row by row: [`Shape::head_forward`] without the
+    /// transposed copies, which for one new position would cost as much as
+    /// the attention itself. `at(j)` is where key/value row `j` starts.
+    #[inline(always)]
+    fn head_forward_rows(
+        self,
+        q: &[f32],
+        [k, v]: [&[f32]; 2],
+        at: impl Fn(Operand, usize) -> usize,
+        mask: Option<&[bool]>,
+        out: &mut [f32],
+    ) {
+        let Shape { t, p, kd, .. } = self;
+        let scale = 1.0 / (kd as f32).sqrt();
+        let mut probs = vec![0.0f32; p];
+        for (i, (qi, out)) in q.chunks_exact(kd).zip(out.chunks_exact_mut(kd)).enumerate() {
+            let visible = p - t + i + 1;
+            for (j, s) in probs[..visible].iter_mut().enumerate() {
+                let key = at(self.k, j);
+                *s = dot(qi, &k[key..key + kd]) * scale;
+            }
+            let visible = self.softmax(i, mask, &mut probs[..visible]);
+            out.fill(0.0);
+            for (j, &pj) in probs[..visible].iter().enumerate() {
+                let value = at(self.v, j);
+                axpy(out, pj, &v[value..value + kd]);
+            }
+        }
     }
 
     /// One query head: `out[i] = Σ_j P_ij v_j`, from its queries `q`
@@ -631,11 +702,18 @@ impl Shape {
     /// the `h / g` query heads that read it. Its keys and values are
     /// transposed once for all of them.
     #[inline(always)]
-    fn task(self, task: usize, [q, k, v, grad]: [&[f32]; 4], mask: Option<&[bool]>, out: Out<'_>) {
+    fn task(self, task: usize, [q, k, v, grad]: [&[f32]; 4], mask: Option<&[bool]>, mut out: Out<'_>) {
         let Shape { h, g, t, p, kd, .. } = self;
         let (bi, gi, r) = (task / g, task % g, h / g);
-        let (kt, vt) = (self.k.gather_transposed(k, kd, bi, gi, p), self.v.gather_transposed(v, kd, bi, gi, p));
         let queries = self.q.gather(q, kd, bi, gi * r, r, t); // [r, t, k]
+        if let (Out::Forward(out), true) = (&mut out, t <= ROW_WISE_QUERIES) {
+            let at = |op: Operand, j: usize| bi * op.batch + j * op.width + op.offset + gi * kd;
+            for (q, out) in queries.chunks_exact(t * kd).zip(out.chunks_exact_mut(t * kd)) {
+                self.head_forward_rows(q, [k, v], at, mask, out);
+            }
+            return;
+        }
+        let (kt, vt) = (self.k.gather_transposed(k, kd, bi, gi, p), self.v.gather_transposed(v, kd, bi, gi, p));
         match out {
             Out::Forward(out) => {
                 for (q, out) in queries.chunks_exact(t * kd).zip(out.chunks_exact_mut(t * kd)) {
@@ -819,6 +897,21 @@ mod tests {
         agree(Case { b: 2, t: 7, h: 3, g: 3, kd: 4, room: 7, keys: 7 }, || None);
         // More keys than queries (a cache before the new positions).
         agree(Case { b: 1, t: 3, h: 2, g: 2, kd: 8, room: 9, keys: 9 }, || None);
+        // More queries than the row-wise path takes: keys transposed once.
+        agree(Case { b: 2, t: ROW_WISE_QUERIES + 4, h: 4, g: 2, kd: 4, room: 15, keys: 14 }, || None);
+    }
+
+    #[test]
+    fn cache_rows_are_written_where_asked_and_a_shared_buffer_is_left_alone() {
+        let buffer = random([2, 6, 3], 13).inner();
+        let rows = random([2, 2, 3], 14).inner();
+        let want = buffer.clone().slice_assign([0..2, 3..5, 0..3], rows.clone());
+        // `buffer` is still held here, so the write must not touch it.
+        let held = buffer.clone();
+        close(Flex::write_rows(buffer, 3, rows.clone()), want.clone(), "written, shared");
+        close(held.clone(), random([2, 6, 3], 13).inner(), "the other holder's copy");
+        // Held by nobody else: written in place, with the same result.
+        close(Flex::write_rows(held, 3, rows), want, "written in place");
     }
 
     #[test]

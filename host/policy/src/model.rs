@@ -211,7 +211,7 @@ pub struct LayerCache<'a, B: Backend> {
     len: usize,
 }
 
-impl<B: Backend> LayerCache<'_, B> {
+impl<B: AttentionBackend> LayerCache<'_, B> {
     /// Appends the `t` new positions' keys and values `[b, t, w]`; returns
     /// the buffers `[b, P, w]` and how many of their rows are filled
     /// (`len + t`, the attention's `keys`).
@@ -220,7 +220,7 @@ impl<B: Backend> LayerCache<'_, B> {
     /// the whole cache every step (for a 30-layer model over 64 rows of 400
     /// positions, a gigabyte a step); instead the buffers keep
     /// [`SPARE_ROWS`] of room, and a write into a buffer nobody else holds
-    /// happens in place (flex's `slice_assign`).
+    /// happens in place ([`AttentionBackend::write_rows`]).
     pub fn append(self, keys: Tensor<B, 3>, values: Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>, usize) {
         let (len, t) = (self.len, keys.dims()[1]);
         let (keys, values) = match self.slot.take() {
@@ -235,10 +235,10 @@ impl<B: Backend> LayerCache<'_, B> {
 
 /// `buffer` `[b, P, w]` with `new` `[b, t, w]` at rows `len..len + t`: in
 /// place while there is room, else in a new buffer with spare rows.
-fn extend<B: Backend>(buffer: Tensor<B, 3>, new: Tensor<B, 3>, len: usize) -> Tensor<B, 3> {
+fn extend<B: AttentionBackend>(buffer: Tensor<B, 3>, new: Tensor<B, 3>, len: usize) -> Tensor<B, 3> {
     let ([b, room, w], t) = (buffer.dims(), new.dims()[1]);
     if len + t <= room {
-        buffer.slice_assign([0..b, len..len + t, 0..w], new)
+        B::write_rows(buffer, len, new)
     } else {
         let spare = Tensor::zeros([b, SPARE_ROWS, w], &new.device());
         Tensor::cat(vec![buffer.narrow(1, 0, len), new, spare], 1)
