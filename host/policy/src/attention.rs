@@ -69,7 +69,7 @@ pub struct AttentionHeads {
 impl AttentionHeads {
     /// Grouped-query attention; `query` must be a multiple of `key_value`.
     pub fn grouped(query: usize, key_value: usize) -> Self {
-        assert!(key_value > 0 && query % key_value == 0, "{query} query heads cannot share {key_value} key/value heads evenly");
+        assert!(key_value > 0 && query.is_multiple_of(key_value), "{query} query heads cannot share {key_value} key/value heads evenly");
         Self { query, key_value }
     }
 
