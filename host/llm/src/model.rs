@@ -12,7 +12,6 @@ use burn::module::Param;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
-use burn::tensor::activation::silu;
 use ragen_policy::{
     AttentionBackend, AttentionHeads, CausalLm, KvCache, LayerCache, OutputLayer, PointwiseBackend, PolicyNetwork, Rotation,
 };
@@ -211,8 +210,14 @@ impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
             x = layer.forward(x, self.tuned.adapters.get(i), layer_cache, padding.clone(), &rotation, shape);
         }
         cache.advance(t);
-        self.norm.forward(x)
+        rms(&self.norm, x)
     }
+}
+
+/// `x` `[n, d]` through `norm`, as one autodiff node
+/// ([`PointwiseBackend::fused_rms_norm`]; Burn's `RmsNorm` is six).
+fn rms<B: PointwiseBackend>(norm: &RmsNorm<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    B::fused_rms_norm(x, norm.gamma.val(), norm.epsilon)
 }
 
 /// The attention's shape: batch `b`, new positions `t`, query heads `h`,
@@ -241,17 +246,17 @@ impl<B: AttentionBackend + PointwiseBackend> DecoderLayer<B> {
         s: Heads,
     ) -> Tensor<B, 2> {
         let Heads { b, t, h, g, k } = s;
-        let normed = self.attn_norm.forward(x.clone());
+        let normed = rms(&self.attn_norm, x.clone());
         let q = rotation.apply(adapted(&self.q, lora.and_then(|a| a.q.as_ref()), normed.clone())).reshape([b, t, h * k]);
         let k_new = rotation.apply(adapted(&self.k, lora.and_then(|a| a.k.as_ref()), normed.clone())).reshape([b, t, g * k]);
         let v_new = adapted(&self.v, lora.and_then(|a| a.v.as_ref()), normed).reshape([b, t, g * k]);
         let (keys, values, p) = cache.append(k_new, v_new); // [b, P, g·k], p filled
         let attended = B::causal_attention(q, keys, values, padding, AttentionHeads::grouped(h, g), p); // [b, t, h·k]
         let x = x + adapted(&self.o, lora.and_then(|a| a.o.as_ref()), attended.reshape([b * t, h * k]));
-        let normed = self.mlp_norm.forward(x.clone());
+        let normed = rms(&self.mlp_norm, x.clone());
         let gate = adapted(&self.gate, lora.and_then(|a| a.gate.as_ref()), normed.clone()); // [b·t, f]
         let up = adapted(&self.up, lora.and_then(|a| a.up.as_ref()), normed); // [b·t, f]
-        let mlp = adapted(&self.down, lora.and_then(|a| a.down.as_ref()), silu(gate) * up); // [b·t, d]
+        let mlp = adapted(&self.down, lora.and_then(|a| a.down.as_ref()), B::swiglu(gate, up)); // [b·t, d]
         x + mlp
     }
 }

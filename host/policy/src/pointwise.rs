@@ -79,6 +79,64 @@ pub trait PointwiseBackend: Backend {
     fn rotary(x: Tensor<Self, 2>, cos: Tensor<Self, 2>, sin: Tensor<Self, 2>) -> Tensor<Self, 2> {
         rotary_tensors(x, cos, sin)
     }
+
+    /// Each row of `x` `[n, d]` divided by its root mean square
+    /// `√(mean(x²) + ε)`, then scaled by `gamma` `[d]` (Llama's and Qwen2's
+    /// norm).
+    fn fused_rms_norm(x: Tensor<Self, 2>, gamma: Tensor<Self, 1>, epsilon: f64) -> Tensor<Self, 2> {
+        let d = gamma.dims()[0];
+        let r = (x.clone().square().mean_dim(1) + epsilon).sqrt().recip(); // [n, 1]
+        x * r * gamma.reshape([1, d])
+    }
+
+    /// The gradients `(dx [n, d], dγ [d])` of [`PointwiseBackend::fused_rms_norm`]
+    /// given its output's `grad` `[n, d]`.
+    fn fused_rms_norm_backward(
+        x: Tensor<Self, 2>,
+        gamma: Tensor<Self, 1>,
+        grad: Tensor<Self, 2>,
+        epsilon: f64,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>) {
+        rms_norm_backward_tensors(x, gamma, grad, epsilon)
+    }
+
+    /// `silu(a) ∘ u` element-wise (`silu(a) = a·σ(a)`), `a` and `u` `[n, f]`:
+    /// SwiGLU's gate and up projections combined.
+    fn swiglu(a: Tensor<Self, 2>, u: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        burn::tensor::activation::silu(a) * u
+    }
+
+    /// The gradients `(da, du)` of [`PointwiseBackend::swiglu`] given its
+    /// output's `grad`.
+    fn swiglu_backward(a: Tensor<Self, 2>, u: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        swiglu_backward_tensors(a, u, grad)
+    }
+}
+
+/// SwiGLU's backward equations as tensor operations, for any backend:
+/// `du = g·a·σ(a)`, `da = g·u·σ(a)·(1 + a·(1 − σ(a)))`.
+fn swiglu_backward_tensors<B: Backend>(a: Tensor<B, 2>, u: Tensor<B, 2>, grad: Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let s = burn::tensor::activation::sigmoid(a.clone()); // σ(a)
+    let du = grad.clone() * a.clone() * s.clone();
+    let da = grad * u * s.clone() * ((s.neg() + 1.0) * a + 1.0);
+    (da, du)
+}
+
+/// The RMS norm's backward equations as tensor operations, for any backend:
+/// `x̂ = x·r`, `ĝ = g∘γ`, `dγ = Σ_rows g∘x̂`, `dx = r·(ĝ − x̂·mean(ĝ∘x̂))`.
+fn rms_norm_backward_tensors<B: Backend>(
+    x: Tensor<B, 2>,
+    gamma: Tensor<B, 1>,
+    grad: Tensor<B, 2>,
+    epsilon: f64,
+) -> (Tensor<B, 2>, Tensor<B, 1>) {
+    let d = x.dims()[1];
+    let r = (x.clone().square().mean_dim(1) + epsilon).sqrt().recip(); // [n, 1]
+    let normed = x * r.clone(); // x̂ [n, d]
+    let dgamma = (grad.clone() * normed.clone()).sum_dim(0).reshape([d]);
+    let g = grad * gamma.reshape([1, d]); // ĝ [n, d]
+    let dx = (g.clone() - normed.clone() * (g * normed).mean_dim(1)) * r;
+    (dx, dgamma)
 }
 
 /// [`PointwiseBackend::rotary`] as tensor operations, for any backend.
@@ -207,6 +265,69 @@ impl PointwiseBackend for burn::backend::Flex {
             .for_each(|((out, x), (cos, sin))| simd.dispatch(RotaryKernel { x, cos, sin, w, half, out }));
         f32_tensor(out, [n, w])
     }
+
+    fn fused_rms_norm(x: Tensor<Self, 2>, gamma: Tensor<Self, 1>, epsilon: f64) -> Tensor<Self, 2> {
+        let [n, d] = x.dims();
+        let (x, gamma) = (f32_values(x), f32_values(gamma));
+        let mut out = vec![0.0f32; n * d];
+        let simd = pulp::Arch::new();
+        let rows = rows_per_task(d) * d;
+        out.par_chunks_mut(rows).zip(x.par_chunks(rows)).for_each(|(out, x)| {
+            simd.dispatch(RmsKernel::Forward { x, gamma: &gamma, eps: epsilon as f32, out });
+        });
+        f32_tensor(out, [n, d])
+    }
+
+    fn fused_rms_norm_backward(
+        x: Tensor<Self, 2>,
+        gamma: Tensor<Self, 1>,
+        grad: Tensor<Self, 2>,
+        epsilon: f64,
+    ) -> (Tensor<Self, 2>, Tensor<Self, 1>) {
+        let [n, d] = x.dims();
+        let (x, gamma, grad) = (f32_values(x), f32_values(gamma), f32_values(grad));
+        let mut dx = vec![0.0f32; n * d];
+        let simd = pulp::Arch::new();
+        let rows = rows_per_task(d) * d;
+        // Each task sums its rows' dγ; the tasks' sums are added after.
+        let partial: Vec<Vec<f32>> = dx
+            .par_chunks_mut(rows)
+            .zip(x.par_chunks(rows).zip(grad.par_chunks(rows)))
+            .map(|(dx, (x, g))| {
+                let mut dgamma = vec![0.0f32; d];
+                simd.dispatch(RmsKernel::Backward { x, gamma: &gamma, g, eps: epsilon as f32, dx, dgamma: &mut dgamma });
+                dgamma
+            })
+            .collect();
+        let mut dgamma = vec![0.0f32; d];
+        for part in &partial {
+            dgamma.iter_mut().zip(part).for_each(|(s, p)| *s += p);
+        }
+        (f32_tensor(dx, [n, d]), f32_tensor(dgamma, [d]))
+    }
+
+    fn swiglu(a: Tensor<Self, 2>, u: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let dims = a.dims();
+        let (a, u) = (f32_values(a), f32_values(u));
+        let mut out = vec![0.0f32; a.len()];
+        let simd = pulp::Arch::new();
+        out.par_chunks_mut(TASK_FLOATS).zip(a.par_chunks(TASK_FLOATS).zip(u.par_chunks(TASK_FLOATS))).for_each(|(out, (a, u))| {
+            simd.dispatch(SwigluKernel { a, u, g: None, out: [out, &mut []] });
+        });
+        f32_tensor(out, dims)
+    }
+
+    fn swiglu_backward(a: Tensor<Self, 2>, u: Tensor<Self, 2>, grad: Tensor<Self, 2>) -> (Tensor<Self, 2>, Tensor<Self, 2>) {
+        let dims = a.dims();
+        let (a, u, grad) = (f32_values(a), f32_values(u), f32_values(grad));
+        let (mut da, mut du) = (vec![0.0f32; a.len()], vec![0.0f32; a.len()]);
+        let simd = pulp::Arch::new();
+        let inputs = a.par_chunks(TASK_FLOATS).zip(u.par_chunks(TASK_FLOATS)).zip(grad.par_chunks(TASK_FLOATS));
+        da.par_chunks_mut(TASK_FLOATS).zip(du.par_chunks_mut(TASK_FLOATS)).zip(inputs).for_each(|((da, du), ((a, u), g))| {
+            simd.dispatch(SwigluKernel { a, u, g: Some(g), out: [da, du] });
+        });
+        (f32_tensor(da, dims), f32_tensor(du, dims))
+    }
 }
 
 // The kernels below are plain loops over slices, every helper
@@ -273,6 +394,98 @@ impl pulp::WithSimd for NormKernel<'_> {
                         let normed = (x[i] - mean) * r;
                         dx[i] = r * (g[i] * gamma[i] - mean_g - normed * mean_gx);
                     }
+                }
+            }
+        }
+    }
+}
+
+/// A task's rows for the RMS norm kernels (`d` wide, as `gamma`).
+enum RmsKernel<'a> {
+    Forward {
+        x: &'a [f32],
+        gamma: &'a [f32],
+        eps: f32,
+        out: &'a mut [f32],
+    },
+    /// `dgamma` `[d]` receives this task's `dγ`.
+    Backward {
+        x: &'a [f32],
+        gamma: &'a [f32],
+        g: &'a [f32],
+        eps: f32,
+        dx: &'a mut [f32],
+        dgamma: &'a mut [f32],
+    },
+}
+
+impl pulp::WithSimd for RmsKernel<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let inverse_rms = |x: &[f32], eps: f32| 1.0 / (lane_sum(x.len(), |i| x[i] * x[i]) / x.len() as f32 + eps).sqrt();
+        match self {
+            RmsKernel::Forward { x, gamma, eps, out } => {
+                let d = gamma.len();
+                for (x, out) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+                    let r = inverse_rms(x, eps);
+                    for ((o, &v), &gm) in out.iter_mut().zip(x).zip(gamma) {
+                        *o = v * r * gm;
+                    }
+                }
+            }
+            RmsKernel::Backward { x, gamma, g, eps, dx, dgamma } => {
+                let d = gamma.len();
+                for ((x, g), dx) in x.chunks_exact(d).zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d)) {
+                    let r = inverse_rms(x, eps);
+                    for ((dg, &gi), &xi) in dgamma.iter_mut().zip(g).zip(x) {
+                        *dg += gi * xi * r;
+                    }
+                    let mean_gx = lane_sum(d, |i| g[i] * gamma[i] * x[i] * r) / d as f32;
+                    for i in 0..d {
+                        dx[i] = r * (g[i] * gamma[i] - x[i] * r * mean_gx);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A task's elements for the SwiGLU kernels: forward, `out[0] = silu(a)·u`;
+/// with `g`, `out = [da, du]`.
+struct SwigluKernel<'a> {
+    a: &'a [f32],
+    u: &'a [f32],
+    g: Option<&'a [f32]>,
+    out: [&'a mut [f32]; 2],
+}
+
+/// `σ(a)` from `e^(−|a|)`, which [`exp_neg`] computes without overflow.
+#[inline(always)]
+fn sigmoid(a: f32) -> f32 {
+    let e = exp_neg(-a.abs());
+    let s = 1.0 / (1.0 + e);
+    if a >= 0.0 { s } else { e * s }
+}
+
+impl pulp::WithSimd for SwigluKernel<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let Self { a, u, g, out: [first, second] } = self;
+        match g {
+            None => {
+                for ((o, &a), &u) in first.iter_mut().zip(a).zip(u) {
+                    *o = a * sigmoid(a) * u;
+                }
+            }
+            Some(g) => {
+                for ((((da, du), &a), &u), &g) in first.iter_mut().zip(second.iter_mut()).zip(a).zip(u).zip(g) {
+                    let s = sigmoid(a);
+                    *du = g * a * s;
+                    *da = g * u * s * (1.0 + a * (1.0 - s));
                 }
             }
         }
@@ -430,6 +643,52 @@ impl<B: PointwiseBackend> Backward<B, 1> for GeluNode {
     }
 }
 
+/// The RMS norm node: it keeps `x`, `γ` and `ε`.
+#[derive(Debug)]
+struct RmsNormNode;
+
+impl<B: PointwiseBackend> Backward<B, 2> for RmsNormNode {
+    type State = (FloatTensor<B>, FloatTensor<B>, f64);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, gamma, epsilon) = ops.state;
+        let (dx, dgamma) = B::fused_rms_norm_backward(
+            Tensor::from_primitive(TensorPrimitive::Float(x)),
+            Tensor::from_primitive(TensorPrimitive::Float(gamma)),
+            Tensor::from_primitive(TensorPrimitive::Float(grad)),
+            epsilon,
+        );
+        let [node_x, node_gamma] = ops.parents;
+        for (node, part) in [(node_x, float(dx)), (node_gamma, float(dgamma))] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, part);
+            }
+        }
+    }
+}
+
+/// The SwiGLU node: it keeps `a` and `u`.
+#[derive(Debug)]
+struct SwigluNode;
+
+impl<B: PointwiseBackend> Backward<B, 2> for SwigluNode {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let (a, u) = ops.state;
+        let tensor = |x| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x));
+        let (da, du) = B::swiglu_backward(tensor(a), tensor(u), tensor(grad));
+        let [node_a, node_u] = ops.parents;
+        for (node, part) in [(node_a, float(da)), (node_u, float(du))] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, part);
+            }
+        }
+    }
+}
+
 /// The rotary node: it keeps the angles' cosines and sines (constants).
 #[derive(Debug)]
 struct RotaryNode;
@@ -488,6 +747,35 @@ impl<B: PointwiseBackend, C: CheckpointStrategy> PointwiseBackend for Autodiff<B
             OpsKind::Tracked(prep) => {
                 let out = forward();
                 prep.finish((cos, sin), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward()),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+
+    fn fused_rms_norm(x: Tensor<Self, 2>, gamma: Tensor<Self, 1>, epsilon: f64) -> Tensor<Self, 2> {
+        let (x, gamma) = (float(x), float(gamma));
+        let inner = |x: &FloatTensor<B>| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.clone()));
+        let vector = |x: &FloatTensor<B>| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(x.clone()));
+        let forward = || float(B::fused_rms_norm(inner(&x.primitive), vector(&gamma.primitive), epsilon));
+        let out = match RmsNormNode.prepare::<C>([x.node.clone(), gamma.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = forward();
+                prep.finish((x.primitive, gamma.primitive, epsilon), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward()),
+        };
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+
+    fn swiglu(a: Tensor<Self, 2>, u: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let (a, u) = (float(a), float(u));
+        let inner = |x: &FloatTensor<B>| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.clone()));
+        let forward = || float(B::swiglu(inner(&a.primitive), inner(&u.primitive)));
+        let out = match SwigluNode.prepare::<C>([a.node.clone(), u.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = forward();
+                prep.finish((a.primitive, u.primitive), out)
             }
             OpsKind::UnTracked(prep) => prep.finish(forward()),
         };
@@ -599,6 +887,45 @@ mod tests {
         let one = |v: Vec<f32>, dims: [usize; 2]| Tensor::<Flex, 2>::from_data(TensorData::new(v, dims), &device);
         let turned = Flex::rotary(one(vec![1.0, 2.0], [1, 2]), one(vec![0.0], [1, 1]), one(vec![1.0], [1, 1]));
         close(values(turned), vec![-2.0, 1.0], 0.0, "a quarter turn");
+    }
+
+    /// The RMS norm and SwiGLU nodes (flex's kernels both ways) against
+    /// Burn's own `RmsNorm` and `silu(a)·u` differentiated op by op, over
+    /// more rows than one task holds.
+    #[test]
+    fn rms_norm_and_swiglu_nodes_match_burn() {
+        let device = Default::default();
+        let [n, d] = [300, 72];
+        let mut norm = burn::nn::RmsNormConfig::new(d).with_epsilon(1e-5).init::<Ad>(&device);
+        norm.gamma = norm.gamma.map(|g| g.random_like(Distribution::Normal(1.0, 0.5)).require_grad());
+        let x = Tensor::<Ad, 2>::random([n, d], Distribution::Normal(0.3, 2.0), &device).require_grad();
+        let w = Tensor::<Ad, 2>::random([n, d], Distribution::Normal(0.0, 1.0), &device);
+        let ours = Ad::fused_rms_norm(x.clone(), norm.gamma.val(), 1e-5);
+        let burns = norm.forward(x.clone());
+        close(values(ours.clone()), values(burns.clone()), 1e-5, "rms values");
+        let (g1, g2) = ((ours * w.clone()).sum().backward(), (burns * w.clone()).sum().backward());
+        close(values(x.grad(&g1).unwrap()), values(x.grad(&g2).unwrap()), 1e-4, "rms dx");
+        close(values(norm.gamma.val().grad(&g1).unwrap()), values(norm.gamma.val().grad(&g2).unwrap()), 1e-3, "rms dγ");
+
+        let a = Tensor::<Ad, 2>::random([n, d], Distribution::Normal(0.0, 4.0), &device).require_grad();
+        let u = Tensor::<Ad, 2>::random([n, d], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let ours = Ad::swiglu(a.clone(), u.clone());
+        let burns = burn::tensor::activation::silu(a.clone()) * u.clone();
+        close(values(ours.clone()), values(burns.clone()), 1e-5, "swiglu values");
+        let (g1, g2) = ((ours * w.clone()).sum().backward(), (burns * w.clone()).sum().backward());
+        close(values(a.grad(&g1).unwrap()), values(a.grad(&g2).unwrap()), 1e-5, "swiglu da");
+        close(values(u.grad(&g1).unwrap()), values(u.grad(&g2).unwrap()), 1e-5, "swiglu du");
+
+        // Flex's backward kernels against the equations the other backends run.
+        let g = w.clone().inner();
+        let (dx, dgamma) = Flex::fused_rms_norm_backward(x.clone().inner(), norm.gamma.val().inner(), g.clone(), 1e-5);
+        let want = rms_norm_backward_tensors(x.clone().inner(), norm.gamma.val().inner(), g.clone(), 1e-5);
+        close(values(dx), values(want.0), 1e-4, "rms dx, tensor equations");
+        close(values(dgamma), values(want.1), 1e-3, "rms dγ, tensor equations");
+        let (da, du) = Flex::swiglu_backward(a.clone().inner(), u.clone().inner(), g.clone());
+        let want = swiglu_backward_tensors(a.clone().inner(), u.clone().inner(), g);
+        close(values(da), values(want.0), 1e-5, "swiglu da, tensor equations");
+        close(values(du), values(want.1), 1e-5, "swiglu du, tensor equations");
     }
 
     /// The GELU node's gradient is the kernel's.
