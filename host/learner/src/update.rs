@@ -19,7 +19,7 @@ use crate::loss::{Clip, kl_to_reference, masked_mean, policy_loss, value_loss};
 use anyhow::{Context, Result, bail};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::ElementConversion;
@@ -371,8 +371,9 @@ where
     /// The mini-batch goes through the network in passes, each with its own
     /// backward pass, and the gradients add up: each pass's token means
     /// weigh `n_pass / n`, so the sum is the mini-batch's token mean, while
-    /// only one pass's graph is in memory at a time (a pretrained model's
-    /// activations for a whole mini-batch would not fit).
+    /// only a few passes' graphs are in memory at a time (a pretrained
+    /// model's activations for a whole mini-batch would not fit). On flex
+    /// one pass runs per core ([`ragen_policy::concurrent_passes`]).
     #[allow(clippy::type_complexity)]
     fn step(
         &mut self,
@@ -386,16 +387,23 @@ where
         let mb: Vec<&Row> = picked.iter().map(|&i| &rows[i]).collect();
         let tokens: usize = mb.iter().map(|r| r.agent.len()).sum();
         let observed: usize = if cfg.world_model_coef != 0.0 { mb.iter().map(|r| r.observed.len()).sum() } else { 0 };
-        let mut accumulated = GradientsAccumulator::<M>::new();
         let mut stats = UpdateStats { agent_tokens: tokens, ..UpdateStats::default() };
-        let mut at = 0;
-        for chunk in passes(&mb, |len| model.rows_per_pass(len)) {
-            let (grads, pass) = self.pass(&model, chunk, &picked[at..at + chunk.len()], targets, vocab, [tokens, observed]);
-            at += chunk.len();
-            accumulated.accumulate(&model, grads);
+        let chunks = passes(&mb, |len| model.rows_per_pass(len));
+        let work: Vec<(&[&Row], &[usize])> = chunks
+            .iter()
+            .scan(0, |at, chunk| {
+                *at += chunk.len();
+                Some((*chunk, &picked[*at - chunk.len()..*at]))
+            })
+            .collect();
+        let context = PassContext { config: cfg, device: &self.device, targets, vocab, totals: [tokens, observed] };
+        let results = ragen_policy::concurrent_passes(&model, work, |m: &M, (chunk, picked)| context.pass(m, chunk, picked));
+        let mut all = Vec::with_capacity(results.len());
+        for (grads, pass) in results {
+            all.push(grads);
             stats.add(&pass);
         }
-        let mut grads = accumulated.grads();
+        let mut grads = ragen_policy::sum_gradients(&model, all);
         let norm = global_norm(&model, &grads);
         if !norm.is_finite() {
             return Err((model, anyhow::anyhow!("the gradient norm is {norm}; the step was skipped and the model is unchanged by it")));
@@ -406,23 +414,31 @@ where
         let model = self.optimizer.step(cfg.lr, model, grads);
         Ok((model, UpdateStats { grad_norm: norm as f32, optimizer_steps: 0, ..stats }))
     }
+}
 
+/// What every pass of a mini-batch step shares.
+struct PassContext<'a, D> {
+    config: UpdateConfig,
+    device: &'a D,
+    targets: &'a Targets,
+    vocab: usize,
+    /// The mini-batch's agent tokens and observed tokens: the denominators
+    /// of its token means.
+    totals: [usize; 2],
+}
+
+impl<D> PassContext<'_, D> {
     /// One pass of a mini-batch step over `chunk` (the rows `picked` of
-    /// the batch): its share of the loss, `[agent tokens, observed tokens]`
-    /// of the whole mini-batch being the denominators of the token means,
-    /// its gradients, and its share of the step's statistics.
-    fn pass(
-        &self,
-        model: &M,
-        chunk: &[&Row],
-        picked: &[usize],
-        targets: &Targets,
-        vocab: usize,
-        [tokens, observed]: [usize; 2],
-    ) -> (GradientsParams, UpdateStats) {
+    /// the batch): its share of the loss, its gradients, and its share of
+    /// the step's statistics.
+    fn pass<B, M>(&self, model: &M, chunk: &[&Row], picked: &[usize]) -> (GradientsParams, UpdateStats)
+    where
+        B: AutodiffBackend<Device = D> + ScoringBackend,
+        M: PolicyNetwork<B> + AutodiffModule<B>,
+    {
+        let (targets, vocab, [tokens, observed]) = (self.targets, self.vocab, self.totals);
         let Targets { advantages, returns, old_values, ref_logps } = targets;
-        let cfg = self.config;
-        let device = &self.device;
+        let (cfg, device) = (self.config, self.device);
         let s = score(model, chunk, vocab, cfg.temperature, cfg.world_model_coef != 0.0, device);
         // Per-token inputs in the pass's order.
         let gather = |xs: &[Vec<f32>]| picked.iter().flat_map(|&i| xs[i].iter().copied()).collect::<Vec<f32>>();

@@ -8,6 +8,7 @@ use crate::model::PolicyModel;
 use crate::network::PolicyNetwork;
 use crate::sample::sample_batch_with;
 use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use ragen_env_sdk::SeedRng;
 use serde::Serialize;
@@ -103,18 +104,39 @@ pub fn bench_policy<B: crate::TrainBackend>(
     }
 }
 
-/// One training pass as the benches time it, returning the tokens it
-/// handled: over `ids` `[rows, len]` (row-major), the learner's scoring at
-/// every position but each row's last (the hidden states there, then the
-/// next token's log-probability through the output layer as one node), the
-/// loss `−mean(log p) + mean(values)`, and its backward pass. The PyTorch
-/// twins (`scripts/reference/`) take the cross-entropy of the shifted logits.
-pub fn next_token_pass<B: crate::TrainBackend, N: PolicyNetwork<B>>(
+/// One training step's passes as the benches time them, returning the
+/// tokens they handled: over `ids` `[rows, len]` (row-major), split into as
+/// many passes as the backend runs at once ([`crate::concurrent_passes`]),
+/// the learner's scoring at every position but each row's last (the hidden
+/// states there, then the next token's log-probability through the output
+/// layer as one node), the loss `−mean(log p) + mean(values)` (each pass
+/// weighing its share of the rows, so the sum is the whole batch's), the
+/// backward passes and the sum of their gradients. The PyTorch twins
+/// (`scripts/reference/`) take the cross-entropy of the shifted logits in
+/// one pass.
+pub fn next_token_pass<B, N>(model: &N, ids: &[i64], [rows, len]: [usize; 2], device: &B::Device) -> usize
+where
+    B: crate::TrainBackend,
+    N: PolicyNetwork<B> + AutodiffModule<B>,
+{
+    let per_pass = rows.div_ceil(B::passes_at_once().clamp(1, rows.max(1)));
+    let parts: Vec<&[i64]> = ids.chunks(per_pass * len).collect();
+    let grads = crate::concurrent_passes(model, parts, |m: &N, part: &[i64]| {
+        let share = part.len() as f64 / ids.len() as f64;
+        let loss = next_token_loss(m, part, [part.len() / len, len], device) * share;
+        GradientsParams::from_grads(loss.backward(), m)
+    });
+    crate::sum_gradients(model, grads);
+    rows * len
+}
+
+/// [`next_token_pass`]'s loss on one pass's rows, `[1]`.
+pub(crate) fn next_token_loss<B: crate::TrainBackend, N: PolicyNetwork<B>>(
     model: &N,
     ids: &[i64],
     [rows, len]: [usize; 2],
     device: &B::Device,
-) -> usize {
+) -> Tensor<B, 1> {
     let at: Vec<i64> = (0..rows).flat_map(|row| (0..len - 1).map(move |i| (row * len + i) as i64)).collect();
     let next: Vec<i64> = at.iter().map(|&i| ids[i as usize + 1]).collect();
     let n = at.len();
@@ -125,9 +147,7 @@ pub fn next_token_pass<B: crate::TrainBackend, N: PolicyNetwork<B>>(
     let head = model.output_layer();
     let options = crate::ScoreOptions::new(1.0, head.vocab_size());
     let scores = crate::token_scores(hidden, head, taken, None, options);
-    let loss = scores.logp.mean().neg() + values.mean();
-    let _grads = loss.backward();
-    rows * len
+    scores.logp.mean().neg() + values.mean()
 }
 
 impl PolicyBenchReport {

@@ -20,6 +20,7 @@
 //! * [`token_scores`] gives the learner the log-probabilities and entropies
 //!   of the sampled tokens from the final hidden states, as one autodiff
 //!   node that never holds more than a chunk of logits.
+//! * [`concurrent_passes`] runs the learner's passes one per core on flex.
 //! * [`PolicyNetwork`] is the learner's seam: any causal LM with a value head
 //!   (ours, or a pretrained one later) trains with the same learner.
 
@@ -30,6 +31,7 @@ mod flex;
 mod grammar;
 mod model;
 mod network;
+mod passes;
 mod pointwise;
 mod sample;
 mod scoring;
@@ -41,6 +43,7 @@ pub use bench::{PolicyBenchConfig, PolicyBenchReport, bench_policy, next_token_p
 pub use grammar::{AnswerGrammar, GrammarState};
 pub use model::{KvCache, LayerCache, PolicyModel, PolicyModelConfig, Rotation, inv_frequencies};
 pub use network::PolicyNetwork;
+pub use passes::{concurrent_passes, sum_gradients};
 pub use pointwise::PointwiseBackend;
 pub use sample::{
     CausalLm, ReplyRule, Sampled, Sampling, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with,

@@ -165,9 +165,20 @@ pub trait ScoringBackend: Backend {
             .collect();
         Tensor::cat(parts, 0)
     }
+
+    /// How many of the learner's passes (each over a few rows, with its
+    /// own backward pass) run at once: 1, except on flex, where
+    /// [`concurrent_passes`](crate::concurrent_passes) runs one per core.
+    fn passes_at_once() -> usize {
+        1
+    }
 }
 
-impl ScoringBackend for burn::backend::Flex {}
+impl ScoringBackend for burn::backend::Flex {
+    fn passes_at_once() -> usize {
+        rayon::current_num_threads()
+    }
+}
 #[cfg(feature = "wgpu")]
 impl ScoringBackend for burn::backend::Wgpu {}
 #[cfg(feature = "cuda")]
@@ -338,6 +349,10 @@ impl<B: ScoringBackend, C: CheckpointStrategy> ScoringBackend for Autodiff<B, C>
             }
         };
         Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+
+    fn passes_at_once() -> usize {
+        B::passes_at_once()
     }
 }
 
