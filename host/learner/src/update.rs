@@ -315,7 +315,7 @@ where
         let mut old_values: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
         let mut ref_logps: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
         let every: Vec<&Row> = rows.iter().collect();
-        for chunk in passes(&every, |len| frozen.rows_per_pass(len)) {
+        for chunk in passes(&every, 1, |len| frozen.rows_per_pass(len)) {
             let s = score(&frozen, chunk, vocab, self.config.temperature, false, &self.device);
             split_rows(&mut old_values, chunk, &floats_of(s.values));
             if let Some(reference) = &self.reference {
@@ -388,7 +388,7 @@ where
         let tokens: usize = mb.iter().map(|r| r.agent.len()).sum();
         let observed: usize = if cfg.world_model_coef != 0.0 { mb.iter().map(|r| r.observed.len()).sum() } else { 0 };
         let mut stats = UpdateStats { agent_tokens: tokens, ..UpdateStats::default() };
-        let chunks = passes(&mb, |len| model.rows_per_pass(len));
+        let chunks = passes(&mb, B::passes_at_once(), |len| model.rows_per_pass(len));
         let work: Vec<(&[&Row], &[usize])> = chunks
             .iter()
             .scan(0, |at, chunk| {
@@ -556,8 +556,24 @@ fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
 }
 
 /// `rows` split, in order, into passes no larger than the network holds at
-/// once for their longest row.
-fn passes<'a, 'r>(rows: &'a [&'a Row<'r>], per_pass: impl Fn(usize) -> usize) -> Vec<&'a [&'a Row<'r>]> {
+/// once for their longest row, and into at least `at_once` passes where
+/// there are that many rows (the largest halved until there are), so that
+/// a backend running that many at once has work for each.
+fn passes<'a, 'r>(rows: &'a [&'a Row<'r>], at_once: usize, per_pass: impl Fn(usize) -> usize) -> Vec<&'a [&'a Row<'r>]> {
+    let mut out = largest_passes(rows, per_pass);
+    while out.len() < at_once {
+        let (i, largest) = out.iter().enumerate().max_by_key(|(i, c)| (c.len(), usize::MAX - i)).map(|(i, c)| (i, *c)).expect("a pass");
+        if largest.len() < 2 {
+            break;
+        }
+        let (a, b) = largest.split_at(largest.len() / 2);
+        out.splice(i..=i, [a, b]);
+    }
+    out
+}
+
+/// `rows` split, in order, into passes as large as `per_pass` allows.
+fn largest_passes<'a, 'r>(rows: &'a [&'a Row<'r>], per_pass: impl Fn(usize) -> usize) -> Vec<&'a [&'a Row<'r>]> {
     let mut out = vec![];
     let mut rest = rows;
     while !rest.is_empty() {
