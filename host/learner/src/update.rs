@@ -560,7 +560,12 @@ fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
 /// there are that many rows (the largest halved until there are), so that
 /// a backend running that many at once has work for each.
 fn passes<'a, 'r>(rows: &'a [&'a Row<'r>], at_once: usize, per_pass: impl Fn(usize) -> usize) -> Vec<&'a [&'a Row<'r>]> {
-    let mut out = largest_passes(rows, per_pass);
+    split_passes(rows, at_once, |r| r.tokens.len(), per_pass)
+}
+
+/// [`passes`] of anything with a length.
+fn split_passes<T>(rows: &[T], at_once: usize, len: impl Fn(&T) -> usize, per_pass: impl Fn(usize) -> usize) -> Vec<&[T]> {
+    let mut out = largest_passes(rows, len, per_pass);
     while out.len() < at_once {
         let (i, largest) = out.iter().enumerate().max_by_key(|(i, c)| (c.len(), usize::MAX - i)).map(|(i, c)| (i, *c)).expect("a pass");
         if largest.len() < 2 {
@@ -573,14 +578,14 @@ fn passes<'a, 'r>(rows: &'a [&'a Row<'r>], at_once: usize, per_pass: impl Fn(usi
 }
 
 /// `rows` split, in order, into passes as large as `per_pass` allows.
-fn largest_passes<'a, 'r>(rows: &'a [&'a Row<'r>], per_pass: impl Fn(usize) -> usize) -> Vec<&'a [&'a Row<'r>]> {
+fn largest_passes<T>(rows: &[T], len: impl Fn(&T) -> usize, per_pass: impl Fn(usize) -> usize) -> Vec<&[T]> {
     let mut out = vec![];
     let mut rest = rows;
     while !rest.is_empty() {
         let mut c = 1;
         while c < rest.len() {
-            let len = rest[..=c].iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-            if c + 1 > per_pass(len) {
+            let longest = rest[..=c].iter().map(&len).max().unwrap_or(0);
+            if c + 1 > per_pass(longest) {
                 break;
             }
             c += 1;
@@ -638,4 +643,22 @@ fn scale_grads<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, grads: &mut 
         }
     }
     model.visit(&mut Scale { grads, factor });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_passes;
+
+    #[test]
+    fn passes_fill_what_memory_allows_then_split_for_the_cores() {
+        // Row lengths; a pass holds 100 tokens of its longest row per row.
+        let rows = [10, 10, 50, 10, 10, 10, 20];
+        let per_pass = |longest: usize| 100 / longest;
+        let sizes = |at_once| split_passes(&rows, at_once, |&l| l, per_pass).iter().map(|p| p.len()).collect::<Vec<_>>();
+        assert_eq!(sizes(1), [2, 2, 3], "as large as memory allows: the 50-token row allows 2 a pass");
+        assert_eq!(sizes(3), [2, 2, 3], "already one per core");
+        assert_eq!(sizes(4), [2, 2, 1, 2], "the largest halved");
+        assert_eq!(sizes(5), [1, 1, 2, 1, 2], "the first of the largest next");
+        assert_eq!(sizes(9), [1; 7], "no more passes than rows");
+    }
 }
