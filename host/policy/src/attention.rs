@@ -860,7 +860,6 @@ fn rows_times_columns<S: pulp::Simd>(
 /// `x` `[n.., width]` (`width` a multiple of [`LANES`]); `out` is
 /// `[R, width]`. Probabilities times values, or `dS` times keys.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn weights_times_rows<S: pulp::Simd>(simd: S, w: &[f32], columns: usize, x: &[f32], width: usize, n: usize, out: &mut [f32]) {
     let lanes = size_of::<S::f32s>() / 4;
     let w: [&[f32]; R] = std::array::from_fn(|r| &w[r * columns..r * columns + n]);
@@ -883,7 +882,6 @@ fn weights_times_rows<S: pulp::Simd>(simd: S, w: &[f32], columns: usize, x: &[f3
 /// `dk += dSᵀ q` and `dv += Pᵀ dO`; each `y` row is read and written once
 /// per block of `R` queries.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn add_columns_times_rows<S: pulp::Simd>(simd: S, w: &[f32], columns: usize, x: &[f32], width: usize, n: usize, y: &mut [f32]) {
     let lanes = size_of::<S::f32s>() / 4;
     let w: [&[f32]; R] = std::array::from_fn(|r| &w[r * columns..r * columns + n]);
