@@ -20,13 +20,21 @@
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::AutodiffBackend;
-use rayon::prelude::*;
 
 use crate::ScoringBackend;
 
 /// Runs `pass` on each item of `work` with `model`, up to
 /// [`ScoringBackend::passes_at_once`] at a time, and returns the results
 /// in `work`'s order. At most that many passes are in memory at once.
+///
+/// The passes run on threads of their own, never on rayon's workers, which
+/// the backend's kernels use. After each backward pass Burn 0.21 locks
+/// every autodiff graph in turn to free what is no longer needed
+/// (`GraphCleaner::cleanup_orphaned_entries`), and it holds a graph's lock
+/// through that graph's backward pass, kernels included. A worker waiting
+/// there for a graph whose backward pass waits on the workers' kernels
+/// would never wake: the first version, passes on rayon's workers,
+/// deadlocked that way when two tests trained at once.
 pub fn concurrent_passes<B, M, T, R>(model: &M, work: Vec<T>, pass: impl Fn(&M, T) -> R + Sync) -> Vec<R>
 where
     B: AutodiffBackend + ScoringBackend,
@@ -38,21 +46,21 @@ where
     if at_once == 1 {
         return work.into_iter().map(|item| pass(model, item)).collect();
     }
-    let mut models: Vec<M> = std::iter::once(model.clone()).chain((1..at_once).map(|_| M::from_inner(model.valid()))).collect();
+    let copy = || M::from_inner(model.valid());
+    let mut models: Vec<M> = std::iter::once(model.clone()).chain((1..at_once).map(|_| copy())).collect();
     let mut out = Vec::with_capacity(work.len());
     let mut work = work.into_iter().peekable();
+    let pass = &pass;
     while work.peek().is_some() {
         let wave: Vec<(T, M)> = work.by_ref().zip(models.drain(..)).collect();
-        let (results, back): (Vec<R>, Vec<M>) = wave
-            .into_par_iter()
-            .map(|(item, m)| {
-                let r = pass(&m, item);
-                (r, m)
-            })
-            .unzip();
-        out.extend(results);
-        models = back;
-        models.extend((models.len()..at_once).map(|_| M::from_inner(model.valid())));
+        let done: Vec<(R, M)> = std::thread::scope(|scope| {
+            let running: Vec<_> = wave.into_iter().map(|(item, m)| scope.spawn(move || (pass(&m, item), m))).collect();
+            running.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+        });
+        for (result, m) in done {
+            out.push(result);
+            models.push(m);
+        }
     }
     out
 }
