@@ -7,7 +7,8 @@
 //! bookkeeping between them run on one thread. Measured on 2 cores, the
 //! default model's pass kept 1.2 cores busy. Two passes at once fill each
 //! other's gaps: the bench's training pass went from about 37,000 to
-//! 65,000-68,000 tokens/s.
+//! 54,000-56,000 tokens/s (65,000-68,000 with the passes on rayon's
+//! workers, which deadlocked; see below).
 //!
 //! Each pass in flight beyond the first works on a copy of the model with
 //! fresh autodiff leaves ([`AutodiffModule::from_inner`], sharing the
@@ -52,7 +53,9 @@ where
     let mut work = work.into_iter().peekable();
     let pass = &pass;
     while work.peek().is_some() {
-        let wave: Vec<(T, M)> = work.by_ref().zip(models.drain(..)).collect();
+        // `take` first: `zip` may pull an item from `work` before it finds
+        // the models exhausted, and drop it.
+        let wave: Vec<(T, M)> = work.by_ref().take(models.len()).zip(models.drain(..)).collect();
         let done: Vec<(R, M)> = std::thread::scope(|scope| {
             let running: Vec<_> = wave.into_iter().map(|(item, m)| scope.spawn(move || (pass(&m, item), m))).collect();
             running.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
