@@ -955,7 +955,7 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 /// by Cephes' degree-6 polynomial on `|r| ≤ ln2/2`; relative error below
 /// 2e-7. Below −87 (and for −∞, a hidden key) it is 0.
 #[inline(always)]
-fn exp<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
+pub(crate) fn exp<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
     const ROUND: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer
     let splat = |c: f32| simd.splat_f32s(c);
     let xc = simd.max_f32s(x, splat(-87.0));

@@ -34,6 +34,7 @@ mod network;
 mod passes;
 mod pointwise;
 mod sample;
+mod score_rows;
 mod scoring;
 mod tokenizer;
 

@@ -27,6 +27,12 @@
 //! so no more than one chunk's `[chunk_rows, v]` is alive in either
 //! direction. When the output layer is frozen (LoRA), its gradient is not
 //! computed at all.
+//!
+//! What a chunk's rows go through between the logits and the scores (or
+//! back to the logits' gradient) is [`ScoringBackend::row_scores`] and
+//! [`ScoringBackend::row_scores_backward`]: tensor operations on every
+//! backend but flex, where it is one kernel (`score_rows`) that made the
+//! default model's training pass 1.3x faster.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -39,6 +45,9 @@ use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{IndexingUpdateOp, TensorPrimitive};
+
+use crate::flex::{F32Values, f32_tensor, f32_values};
+use crate::score_rows;
 
 /// How many floats one chunk's logits may hold: 16 Mi (64 MiB), whatever
 /// the vocabulary (341 rows of SmolLM2's 49,152, 110 of Qwen2.5's 151,936;
@@ -157,13 +166,35 @@ pub trait ScoringBackend: Backend {
         let n = hidden.dims()[0];
         let parts = chunks(n, options.chunk_rows)
             .map(|(at, c)| {
-                let logp = chunk_log_probs(hidden.clone().narrow(0, at, c), &head, narrow_rows(&allowed, at, c), options.temperature);
-                let chosen = logp.clone().gather(1, taken.clone().narrow(0, at, c).reshape([c, 1])); // [c, 1]
-                let entropy = (logp.clone().exp() * logp).sum_dim(1).neg(); // [c, 1]
-                Tensor::cat(vec![chosen, entropy], 1) // [c, 2]
+                let logits = head.logits(hidden.clone().narrow(0, at, c)); // [c, v]
+                Self::row_scores(logits, taken.clone().narrow(0, at, c), narrow_rows(&allowed, at, c), options.temperature) // [c, 2]
             })
             .collect();
         Tensor::cat(parts, 0)
+    }
+
+    /// The scores `[c, 2]` of one chunk of `logits` `[c, v]`: per row, the
+    /// log-probability of `taken` `[c]` and the entropy, under the
+    /// temperature and the mask `allowed` `[c, v]` (where given).
+    fn row_scores(
+        logits: Tensor<Self, 2>,
+        taken: Tensor<Self, 1, Int>,
+        allowed: Option<Tensor<Self, 2, Bool>>,
+        temperature: f64,
+    ) -> Tensor<Self, 2> {
+        row_scores_tensors(logits, taken, allowed, temperature)
+    }
+
+    /// The gradient `[c, v]` of the logits given `grad` `[c, 2]` of
+    /// [`ScoringBackend::row_scores`]'s output: the module doc's `dz / T`.
+    fn row_scores_backward(
+        logits: Tensor<Self, 2>,
+        taken: Tensor<Self, 1, Int>,
+        allowed: Option<Tensor<Self, 2, Bool>>,
+        temperature: f64,
+        grad: Tensor<Self, 2>,
+    ) -> Tensor<Self, 2> {
+        row_scores_backward_tensors(logits, taken, allowed, temperature, grad)
     }
 
     /// How many of the learner's passes (each over a few rows, with its
@@ -175,9 +206,46 @@ pub trait ScoringBackend: Backend {
 }
 
 impl ScoringBackend for burn::backend::Flex {
+    fn row_scores(
+        logits: Tensor<Self, 2>,
+        taken: Tensor<Self, 1, Int>,
+        allowed: Option<Tensor<Self, 2, Bool>>,
+        temperature: f64,
+    ) -> Tensor<Self, 2> {
+        let [c, v] = logits.dims();
+        let (logits, taken, allowed) = flex_rows(logits, taken, allowed);
+        let rows = score_rows::Rows { logits: &logits, v, taken: &taken, allowed: allowed.as_deref(), temperature: temperature as f32 };
+        f32_tensor(score_rows::forward(rows), [c, 2])
+    }
+
+    fn row_scores_backward(
+        logits: Tensor<Self, 2>,
+        taken: Tensor<Self, 1, Int>,
+        allowed: Option<Tensor<Self, 2, Bool>>,
+        temperature: f64,
+        grad: Tensor<Self, 2>,
+    ) -> Tensor<Self, 2> {
+        let [c, v] = logits.dims();
+        let (logits, taken, allowed) = flex_rows(logits, taken, allowed);
+        let rows = score_rows::Rows { logits: &logits, v, taken: &taken, allowed: allowed.as_deref(), temperature: temperature as f32 };
+        f32_tensor(score_rows::backward(rows, &f32_values(grad)), [c, v])
+    }
+
     fn passes_at_once() -> usize {
         rayon::current_num_threads()
     }
+}
+
+/// The logits (borrowed), the taken tokens and the mask as the flex
+/// kernel reads them.
+fn flex_rows(
+    logits: Tensor<burn::backend::Flex, 2>,
+    taken: Tensor<burn::backend::Flex, 1, Int>,
+    allowed: Option<Tensor<burn::backend::Flex, 2, Bool>>,
+) -> (F32Values, Vec<i64>, Option<Vec<bool>>) {
+    let taken = taken.into_data().iter::<i64>().collect();
+    let allowed = allowed.map(|a| a.into_data().into_vec::<bool>().expect("a boolean mask"));
+    (f32_values(logits), taken, allowed)
 }
 #[cfg(feature = "wgpu")]
 impl ScoringBackend for burn::backend::Wgpu {}
@@ -195,16 +263,44 @@ fn narrow_rows<B: Backend>(mask: &Option<Tensor<B, 2, Bool>>, at: usize, rows: u
     mask.as_ref().map(|m| m.clone().narrow(0, at, rows))
 }
 
-/// Log-probabilities `[c, v]` of hidden states `[c, d]`: logits over the
-/// temperature, forbidden tokens at −1e9 (not −∞, so that `p·log p` stays
-/// 0 for them instead of NaN).
-fn chunk_log_probs<B: Backend>(
-    hidden: Tensor<B, 2>,
-    head: &OutputLayer<B>,
+/// [`ScoringBackend::row_scores`] as tensor operations.
+fn row_scores_tensors<B: Backend>(
+    logits: Tensor<B, 2>,
+    taken: Tensor<B, 1, Int>,
     allowed: Option<Tensor<B, 2, Bool>>,
     temperature: f64,
 ) -> Tensor<B, 2> {
-    let z = head.logits(hidden) / temperature;
+    let c = logits.dims()[0];
+    let logp = log_probs(logits, allowed, temperature); // [c, v]
+    let chosen = logp.clone().gather(1, taken.reshape([c, 1])); // [c, 1]
+    let entropy = (logp.clone().exp() * logp).sum_dim(1).neg(); // [c, 1]
+    Tensor::cat(vec![chosen, entropy], 1)
+}
+
+/// [`ScoringBackend::row_scores_backward`] as tensor operations.
+fn row_scores_backward_tensors<B: Backend>(
+    logits: Tensor<B, 2>,
+    taken: Tensor<B, 1, Int>,
+    allowed: Option<Tensor<B, 2, Bool>>,
+    temperature: f64,
+    grad: Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let c = logits.dims()[0];
+    let lp = log_probs(logits, allowed, temperature); // [c, v]
+    let p = lp.clone().exp();
+    let entropy = (p.clone() * lp.clone()).sum_dim(1).neg(); // [c, 1]
+    let (g_score, g_entropy) = (grad.clone().narrow(1, 0, 1), grad.narrow(1, 1, 1)); // [c, 1] each
+    // Forbidden tokens have p = exp(−1e9 − lse) = 0 exactly, so their
+    // dz is 0 without a mask, as the mask's own gradient would make it.
+    let dz = (p * (g_score.clone() + g_entropy * (lp + entropy))).neg().scatter(1, taken.reshape([c, 1]), g_score, IndexingUpdateOp::Add);
+    dz / temperature
+}
+
+/// Log-probabilities `[c, v]` of `logits` `[c, v]` over the temperature,
+/// forbidden tokens at −1e9 (not −∞, so that `p·log p` stays 0 for them
+/// instead of NaN).
+fn log_probs<B: Backend>(logits: Tensor<B, 2>, allowed: Option<Tensor<B, 2, Bool>>, temperature: f64) -> Tensor<B, 2> {
+    let z = logits / temperature;
     let z = match allowed {
         Some(allowed) => z.mask_fill(allowed.bool_not(), -1.0e9),
         None => z,
@@ -223,7 +319,7 @@ struct Wanted {
 /// The gradients of the hidden states `[n, d]`, the weight `[d, v]` and
 /// the bias `[v]` (those `wanted`), given `grad` `[n, 2]` of the scores:
 /// the module doc's equations, one chunk of logits at a time.
-fn token_scores_backward<B: Backend>(inputs: ScoreInputs<B>, grad: Tensor<B, 2>, wanted: Wanted) -> ScoreGrads<B> {
+fn token_scores_backward<B: ScoringBackend>(inputs: ScoreInputs<B>, grad: Tensor<B, 2>, wanted: Wanted) -> ScoreGrads<B> {
     let ScoreInputs { hidden, head, taken, allowed, options } = inputs;
     let n = hidden.dims()[0];
     let v = head.vocab_size();
@@ -231,20 +327,9 @@ fn token_scores_backward<B: Backend>(inputs: ScoreInputs<B>, grad: Tensor<B, 2>,
     let (mut dw, mut db): (Option<Tensor<B, 2>>, Option<Tensor<B, 1>>) = (None, None);
     for (at, c) in chunks(n, options.chunk_rows) {
         let h = hidden.clone().narrow(0, at, c); // [c, d]
-        let lp = chunk_log_probs(h.clone(), &head, narrow_rows(&allowed, at, c), options.temperature); // [c, v]
-        let p = lp.clone().exp();
-        let entropy = (p.clone() * lp.clone()).sum_dim(1).neg(); // [c, 1]
-        let g = grad.clone().narrow(0, at, c);
-        let (g_score, g_entropy) = (g.clone().narrow(1, 0, 1), g.narrow(1, 1, 1)); // [c, 1] each
-        // Forbidden tokens have p = exp(−1e9 − lse) = 0 exactly, so their
-        // dz is 0 without a mask, as the mask's own gradient would make it.
-        let dz = (p * (g_score.clone() + g_entropy * (lp + entropy))).neg().scatter(
-            1,
-            taken.clone().narrow(0, at, c).reshape([c, 1]),
-            g_score,
-            IndexingUpdateOp::Add,
-        );
-        let dlogits = dz / options.temperature; // [c, v]
+        let logits = head.logits(h.clone()); // [c, v]
+        let (taken, allowed, g) = (taken.clone().narrow(0, at, c), narrow_rows(&allowed, at, c), grad.clone().narrow(0, at, c));
+        let dlogits = B::row_scores_backward(logits, taken, allowed, options.temperature, g); // [c, v]
         if wanted.hidden {
             dh.push(dlogits.clone().matmul(head.weight.clone().transpose())); // [c, d]
         }
@@ -499,6 +584,38 @@ mod tests {
         let inner = Flex::token_scores(hidden, head, taken, None, ScoreOptions { temperature: 1.0, chunk_rows: 3 });
         let node = run(&case, true, true, |h, head, taken, _| A::token_scores(h, head, taken, None, ScoreOptions::new(1.0, V)));
         assert_close("scores", &inner.into_data().to_vec::<f32>().unwrap(), &node.scores);
+    }
+
+    /// Flex's kernel against the tensor operations, on what the small
+    /// cases do not reach: a vocabulary not a multiple of the vector width,
+    /// large logits, a forbidden taken token, a row with every token
+    /// forbidden, and a temperature below 1.
+    #[test]
+    fn the_flex_kernel_scores_as_the_tensor_operations_do() {
+        let (c, v) = (6, 37);
+        let mut rng = SeedRng::new(9);
+        let logits: Vec<f32> = (0..c * v).map(|_| ((rng.unit() * 2.0 - 1.0) * 40.0) as f32).collect();
+        let taken: Vec<i64> = (0..c).map(|_| rng.below(v) as i64).collect();
+        let mut allowed: Vec<bool> = (0..c * v).map(|i| taken[i / v] == (i % v) as i64 || rng.chance(0.5)).collect();
+        allowed[v + taken[1] as usize] = false; // row 1: the taken token is forbidden
+        allowed[2 * v..3 * v].fill(false); // row 2: every token is
+        let grad: Vec<f32> = (0..2 * c).map(|_| (rng.unit() * 2.0 - 1.0) as f32).collect();
+        let device = Default::default();
+        let logits = Tensor::<Flex, 2>::from_data(TensorData::new(logits, [c, v]), &device);
+        let taken = Tensor::<Flex, 1, Int>::from_data(TensorData::new(taken, [c]), &device);
+        let grad = Tensor::<Flex, 2>::from_data(TensorData::new(grad, [c, 2]), &device);
+        let vec = |t: Tensor<Flex, 2>| t.into_data().to_vec::<f32>().unwrap();
+        for mask in [None, Some(allowed)] {
+            let allowed = mask.map(|m| Tensor::<Flex, 2, Bool>::from_data(TensorData::new(m, [c, v]), &device));
+            let (l, t, a, g) = (logits.clone(), taken.clone(), allowed.clone(), grad.clone());
+            let kernel = vec(Flex::row_scores(l.clone(), t.clone(), a.clone(), 0.7));
+            let tensors = vec(row_scores_tensors(l.clone(), t.clone(), a.clone(), 0.7));
+            assert_close("scores", &kernel, &tensors);
+            let kernel = vec(Flex::row_scores_backward(l.clone(), t.clone(), a.clone(), 0.7, g.clone()));
+            let tensors = vec(row_scores_backward_tensors(l, t, a, 0.7, g));
+            assert!(kernel.iter().all(|x| x.is_finite()));
+            assert_close("d logits", &kernel, &tensors);
+        }
     }
 
     #[test]
