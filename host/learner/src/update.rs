@@ -567,7 +567,10 @@ fn passes<'a, 'r>(rows: &'a [&'a Row<'r>], at_once: usize, per_pass: impl Fn(usi
 fn split_passes<T>(rows: &[T], at_once: usize, len: impl Fn(&T) -> usize, per_pass: impl Fn(usize) -> usize) -> Vec<&[T]> {
     let mut out = largest_passes(rows, len, per_pass);
     while out.len() < at_once {
-        let (i, largest) = out.iter().enumerate().max_by_key(|(i, c)| (c.len(), usize::MAX - i)).map(|(i, c)| (i, *c)).expect("a pass");
+        // No rows (no passes) or single rows only: nothing left to split.
+        let Some((i, largest)) = out.iter().enumerate().max_by_key(|(i, c)| (c.len(), usize::MAX - i)).map(|(i, c)| (i, *c)) else {
+            break;
+        };
         if largest.len() < 2 {
             break;
         }
@@ -660,5 +663,6 @@ mod tests {
         assert_eq!(sizes(4), [2, 2, 1, 2], "the largest halved");
         assert_eq!(sizes(5), [1, 1, 2, 1, 2], "the first of the largest next");
         assert_eq!(sizes(9), [1; 7], "no more passes than rows");
+        assert!(split_passes(&[] as &[usize], 2, |&l| l, per_pass).is_empty(), "no rows, no passes");
     }
 }
