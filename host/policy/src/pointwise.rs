@@ -185,7 +185,7 @@ impl PointwiseBackend for burn::backend::LibTorch {}
 const TASK_FLOATS: usize = 16_384;
 
 /// Whole rows `d` wide per parallel task, about [`TASK_FLOATS`].
-fn rows_per_task(d: usize) -> usize {
+pub(crate) fn rows_per_task(d: usize) -> usize {
     (TASK_FLOATS / d.max(1)).max(1)
 }
 

@@ -24,6 +24,7 @@
 //! scratch row's padding. The taken token's score uses its unclamped `d`.
 
 use crate::attention::exp;
+use crate::pointwise::rows_per_task;
 use rayon::prelude::*;
 
 /// The most lanes any instruction set has; scratch rows are padded to it.
@@ -58,11 +59,6 @@ impl<'a> Rows<'a> {
     fn len(&self) -> usize {
         self.taken.len()
     }
-}
-
-/// Rows per parallel task: about 16 Ki logits.
-fn rows_per_task(v: usize) -> usize {
-    (16_384 / v.max(1)).max(1)
 }
 
 /// `[c, 2]`: the taken token's log-probability and the entropy, per row.

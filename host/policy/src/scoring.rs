@@ -212,10 +212,8 @@ impl ScoringBackend for burn::backend::Flex {
         allowed: Option<Tensor<Self, 2, Bool>>,
         temperature: f64,
     ) -> Tensor<Self, 2> {
-        let [c, v] = logits.dims();
-        let (logits, taken, allowed) = flex_rows(logits, taken, allowed);
-        let rows = score_rows::Rows { logits: &logits, v, taken: &taken, allowed: allowed.as_deref(), temperature: temperature as f32 };
-        f32_tensor(score_rows::forward(rows), [c, 2])
+        let c = logits.dims()[0];
+        f32_tensor(score_rows::forward(FlexRows::new(logits, taken, allowed, temperature).rows()), [c, 2])
     }
 
     fn row_scores_backward(
@@ -225,10 +223,8 @@ impl ScoringBackend for burn::backend::Flex {
         temperature: f64,
         grad: Tensor<Self, 2>,
     ) -> Tensor<Self, 2> {
-        let [c, v] = logits.dims();
-        let (logits, taken, allowed) = flex_rows(logits, taken, allowed);
-        let rows = score_rows::Rows { logits: &logits, v, taken: &taken, allowed: allowed.as_deref(), temperature: temperature as f32 };
-        f32_tensor(score_rows::backward(rows, &f32_values(grad)), [c, v])
+        let dims = logits.dims();
+        f32_tensor(score_rows::backward(FlexRows::new(logits, taken, allowed, temperature).rows(), &f32_values(grad)), dims)
     }
 
     fn passes_at_once() -> usize {
@@ -236,16 +232,38 @@ impl ScoringBackend for burn::backend::Flex {
     }
 }
 
-/// The logits (borrowed), the taken tokens and the mask as the flex
-/// kernel reads them.
-fn flex_rows(
-    logits: Tensor<burn::backend::Flex, 2>,
-    taken: Tensor<burn::backend::Flex, 1, Int>,
-    allowed: Option<Tensor<burn::backend::Flex, 2, Bool>>,
-) -> (F32Values, Vec<i64>, Option<Vec<bool>>) {
-    let taken = taken.into_data().iter::<i64>().collect();
-    let allowed = allowed.map(|a| a.into_data().into_vec::<bool>().expect("a boolean mask"));
-    (f32_values(logits), taken, allowed)
+/// A chunk's inputs as the flex kernel reads them: the logits borrowed,
+/// the taken tokens and the mask copied out.
+struct FlexRows {
+    logits: F32Values,
+    v: usize,
+    taken: Vec<i64>,
+    allowed: Option<Vec<bool>>,
+    temperature: f32,
+}
+
+impl FlexRows {
+    fn new(
+        logits: Tensor<burn::backend::Flex, 2>,
+        taken: Tensor<burn::backend::Flex, 1, Int>,
+        allowed: Option<Tensor<burn::backend::Flex, 2, Bool>>,
+        temperature: f64,
+    ) -> Self {
+        let v = logits.dims()[1];
+        let taken = taken.into_data().iter::<i64>().collect();
+        let allowed = allowed.map(|a| a.into_data().into_vec::<bool>().expect("a boolean mask"));
+        Self { logits: f32_values(logits), v, taken, allowed, temperature: temperature as f32 }
+    }
+
+    fn rows(&self) -> score_rows::Rows<'_> {
+        score_rows::Rows {
+            logits: &self.logits,
+            v: self.v,
+            taken: &self.taken,
+            allowed: self.allowed.as_deref(),
+            temperature: self.temperature,
+        }
+    }
 }
 #[cfg(feature = "wgpu")]
 impl ScoringBackend for burn::backend::Wgpu {}
