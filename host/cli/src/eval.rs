@@ -16,6 +16,9 @@ pub struct Options {
     pub env: PathBuf,
     pub policy: String,
     pub checkpoint: Option<PathBuf>,
+    /// The trained policy's sampling temperature (`None`: its run's
+    /// validation temperature).
+    pub temperature: Option<f32>,
     /// A pretrained model plays instead (a GGUF file or a Hugging Face
     /// directory).
     pub model: Option<ModelOptions>,
@@ -96,7 +99,7 @@ fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<(Box<dyn Policy
     Ok(match (&opts.checkpoint, opts.policy.as_str()) {
         (Some(run), _) => {
             type B = burn::backend::Autodiff<burn::backend::Flex>;
-            let (policy, _, read) = ragen_learner::load_trained::<B>(run, runner.spec(), Default::default(), opts.seed)?;
+            let (policy, _, read) = ragen_learner::load_trained::<B>(run, runner.spec(), Default::default(), opts.seed, opts.temperature)?;
             (policy, Some(read.to_string()))
         }
         (None, "random") if runner.spec().takes_text() => bail!("--policy random: {}", ragen_agent::policies::RANDOM_NEEDS_NAMES),

@@ -367,7 +367,7 @@ struct EvalArgs {
     #[arg(long, default_value = "random")]
     policy: String,
     /// Evaluate the policy trained in this run directory (at its
-    /// validation temperature, 0.5 by default): its checkpoint-best/ (the
+    /// validation temperature unless --temperature is given): its checkpoint-best/ (the
     /// best validation success) when it has one, else its latest
     /// checkpoint/. Name a checkpoint folder inside the run to pick one.
     #[arg(long, value_name = "DIR", conflicts_with = "model")]
@@ -417,7 +417,8 @@ struct Generation {
     #[arg(long, value_enum, default_value = "flex")]
     backend: backend::BackendChoice,
     /// Sampling temperature [default: 0.5, the reference's evaluation
-    /// value; with `eval --config`, its `[sampling] val_temperature`].
+    /// value; with `eval --config`, its `[sampling] val_temperature`; with
+    /// `eval --checkpoint`, the run's].
     #[arg(long)]
     temperature: Option<f32>,
     /// Draw among the most likely tokens whose probability adds up to this.
@@ -455,6 +456,20 @@ impl Generation {
         }
         let sampling = ragen_policy::Sampling { temperature, top_k: self.top_k, top_p: self.top_p };
         Ok(ragen_llm::LlmSampling { sampling, max_new_tokens, batch })
+    }
+
+    /// The temperature a trained checkpoint samples at: --temperature when
+    /// given (`None`: the run's validation temperature). Its policy draws
+    /// from the whole distribution, so --top-p and --top-k are refused
+    /// rather than silently ignored.
+    fn checkpoint_temperature(&self) -> Result<Option<f32>> {
+        if self.top_p != 1.0 || self.top_k != 0 {
+            bail!("--top-p and --top-k apply to --model; a trained --checkpoint samples at --temperature only");
+        }
+        match self.temperature {
+            Some(t) if !(t.is_finite() && t >= 0.0) => bail!("--temperature {t}: use 0 (greedy) or a positive number"),
+            t => Ok(t),
+        }
     }
 }
 
@@ -590,10 +605,15 @@ fn eval_command(a: EvalArgs, plain_http: bool) -> Result<()> {
         Some(path) => Some(eval::ModelOptions { path, backend: a.generation.backend, sampling: a.generation.sampling(sampling.as_ref())? }),
         None => None,
     };
+    let temperature = match &a.checkpoint {
+        Some(_) => a.generation.checkpoint_temperature()?,
+        None => None,
+    };
     let opts = eval::Options {
         env: env.local(plain_http)?,
         policy: a.policy,
         checkpoint: a.checkpoint,
+        temperature,
         model,
         episodes: a.episodes,
         seed_start: a.seed_start,

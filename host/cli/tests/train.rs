@@ -110,6 +110,31 @@ fn a_run_leaves_metrics_and_a_checkpoint_and_resumes_exactly() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["policy"], "burn-transformer");
     assert!(v["success_rate"].as_f64().unwrap() >= 0.0);
+
+    // --temperature reaches a trained checkpoint: at 0 the policy's own
+    // seed no longer matters, at 5 it does; --top-p is refused there.
+    let returns = |t: &str, seed: &str| {
+        let out = ragen_host(&[
+            "eval",
+            "--env",
+            bandit.to_str().unwrap(),
+            "--checkpoint",
+            a.to_str().unwrap(),
+            "--episodes",
+            "32",
+            "--json",
+            "--temperature",
+            t,
+            "--seed",
+            seed,
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["return_mean"].as_f64().unwrap()
+    };
+    assert_eq!(returns("0", "1"), returns("0", "2"), "greedy");
+    assert_ne!(returns("5", "1"), returns("5", "2"), "sampled");
+    let out = ragen_host(&["eval", "--env", bandit.to_str().unwrap(), "--checkpoint", a.to_str().unwrap(), "--top-p", "0.9"]);
+    assert!(!out.status.success() && text(&out).contains("--top-p and --top-k apply to --model"), "{}", text(&out));
 }
 
 #[test]

@@ -453,19 +453,20 @@ pub fn find_checkpoint(path: &Path) -> Result<(RunDir, PathBuf)> {
 }
 
 /// A trained policy for evaluation from `path` (see [`find_checkpoint`]),
-/// sampling at the run's validation temperature from `seed`, the run's
-/// config, and which checkpoint it read. A pretrained model's checkpoint is
+/// sampling from `seed` at `temperature` (`None`: the run's validation
+/// temperature), the run's config, and which checkpoint it read. A pretrained model's checkpoint is
 /// refused on another model file than the one it was trained on.
 pub fn load_trained<B: TrainBackend>(
     path: &Path,
     spec: &ragen_runtime::EnvSpec,
     device: B::Device,
     seed: u64,
+    temperature: Option<f32>,
 ) -> Result<(Box<dyn Policy>, TrainConfig, CheckpointInfo)> {
     let (run, checkpoint) = find_checkpoint(path)?;
     let config = TrainConfig::load(&run.config())?;
     let state = CheckpointState::read(&checkpoint)?;
-    let temperature = config.sampling.val_temperature as f32;
+    let temperature = temperature.unwrap_or(config.sampling.val_temperature as f32);
     let policy = match &config.model_path {
         None => loaded(Scratch::build::<B>(&config, spec, device.clone())?, &checkpoint, temperature, seed, &device)?,
         Some(model) => {

@@ -106,7 +106,17 @@ pub fn masked_log_distribution(logits: &[f32], allowed: &[bool], temperature: f3
 }
 
 /// [`masked_log_distribution`], with `None` allowing every token.
+/// Temperature 0 is the limit: all mass on the most likely allowed token
+/// (the first of a tie), so greedy decoding is one more temperature.
 fn log_distribution(logits: &[f32], allowed: Option<&[bool]>, temperature: f32) -> Vec<f32> {
+    if temperature == 0.0 {
+        let ok = |i: usize| allowed.is_none_or(|a| a[i]);
+        let best = (0..logits.len()).filter(|&i| ok(i)).fold(None, |b: Option<usize>, i| match b {
+            Some(j) if logits[j] >= logits[i] => Some(j),
+            _ => Some(i),
+        });
+        return (0..logits.len()).map(|i| if Some(i) == best { 0.0 } else { f32::NEG_INFINITY }).collect();
+    }
     let scaled: Vec<f32> = match allowed {
         Some(allowed) => logits.iter().zip(allowed).map(|(&l, &a)| if a { l / temperature } else { f32::NEG_INFINITY }).collect(),
         None => logits.iter().map(|&l| l / temperature).collect(),

@@ -144,3 +144,24 @@ fn attention_is_causal() {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");
     }
 }
+
+#[test]
+fn temperature_zero_puts_all_mass_on_the_most_likely_allowed_token() {
+    let logits = [1.0, 3.0, 2.0, 3.0];
+    // Token 1 and 3 tie: the first wins; a disallowed best is skipped.
+    let dist = ragen_policy::masked_log_distribution(&logits, &[true; 4], 0.0);
+    assert_eq!(dist, vec![f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+    let dist = ragen_policy::masked_log_distribution(&logits, &[true, false, true, false], 0.0);
+    assert_eq!(dist, vec![f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY]);
+    // Greedy sampling is then the same whatever the random stream.
+    let s = spec();
+    let tok = PluginTokenizer::new(&s);
+    let m = model(&tok);
+    let grammar = AnswerGrammar::new(&tok, true, 16, 5);
+    let prompt = tok.encode("<think>");
+    let a = sample(&m, &prompt, &grammar, 0.0, 12, &mut SeedRng::new(1), &Default::default());
+    let b = sample(&m, &prompt, &grammar, 0.0, 12, &mut SeedRng::new(2), &Default::default());
+    assert_eq!(a.tokens.len(), 12, "the untrained model writes to the limit");
+    assert_eq!(a.tokens, b.tokens);
+    assert!(a.logprobs.iter().all(|&lp| lp == 0.0), "{:?}", a.logprobs);
+}
