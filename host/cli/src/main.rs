@@ -367,9 +367,10 @@ struct EvalArgs {
     #[arg(long, default_value = "random")]
     policy: String,
     /// Evaluate the policy trained in this run directory (at its
-    /// validation temperature unless --temperature is given): its checkpoint-best/ (the
-    /// best validation success) when it has one, else its latest
-    /// checkpoint/. Name a checkpoint folder inside the run to pick one.
+    /// validation temperature unless --temperature is given): its
+    /// checkpoint-best/ (the best validation success) when it has one, else
+    /// its latest checkpoint/. Name a checkpoint folder inside the run to
+    /// pick one.
     #[arg(long, value_name = "DIR", conflicts_with = "model")]
     checkpoint: Option<PathBuf>,
     /// Evaluate a pretrained model: a GGUF file or a Hugging Face
@@ -445,9 +446,7 @@ impl Generation {
         let temperature = self.temperature.unwrap_or(config.map_or(0.5, |c| c.val_temperature as f32));
         let max_new_tokens = self.max_new_tokens.unwrap_or(config.map_or(400, |c| c.max_new_tokens));
         let batch = self.batch.unwrap_or(config.map_or(16, |c| c.batch));
-        if !(temperature.is_finite() && temperature >= 0.0) {
-            bail!("temperature {temperature}: use 0 (greedy) or a positive number");
-        }
+        let temperature = valid_temperature(temperature)?;
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!("--top-p {}: use a number in (0, 1]", self.top_p);
         }
@@ -466,11 +465,16 @@ impl Generation {
         if self.top_p != 1.0 || self.top_k != 0 {
             bail!("--top-p and --top-k apply to --model; a trained --checkpoint samples at --temperature only");
         }
-        match self.temperature {
-            Some(t) if !(t.is_finite() && t >= 0.0) => bail!("--temperature {t}: use 0 (greedy) or a positive number"),
-            t => Ok(t),
-        }
+        self.temperature.map(valid_temperature).transpose()
     }
+}
+
+/// `temperature` when it is one a sampler can use: 0 (greedy) or positive.
+fn valid_temperature(temperature: f32) -> Result<f32> {
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        bail!("temperature {temperature}: use 0 (greedy) or a positive number");
+    }
+    Ok(temperature)
 }
 
 fn parse_algo(s: &str) -> Result<ragen_learner::Algo, String> {

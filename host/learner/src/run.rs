@@ -454,8 +454,9 @@ pub fn find_checkpoint(path: &Path) -> Result<(RunDir, PathBuf)> {
 
 /// A trained policy for evaluation from `path` (see [`find_checkpoint`]),
 /// sampling from `seed` at `temperature` (`None`: the run's validation
-/// temperature), the run's config, and which checkpoint it read. A pretrained model's checkpoint is
-/// refused on another model file than the one it was trained on.
+/// temperature), the run's config, and which checkpoint it read. A
+/// pretrained model's checkpoint is refused on another model file than the
+/// one it was trained on.
 pub fn load_trained<B: TrainBackend>(
     path: &Path,
     spec: &ragen_runtime::EnvSpec,

@@ -111,10 +111,7 @@ pub fn masked_log_distribution(logits: &[f32], allowed: &[bool], temperature: f3
 fn log_distribution(logits: &[f32], allowed: Option<&[bool]>, temperature: f32) -> Vec<f32> {
     if temperature == 0.0 {
         let ok = |i: usize| allowed.is_none_or(|a| a[i]);
-        let best = (0..logits.len()).filter(|&i| ok(i)).fold(None, |b: Option<usize>, i| match b {
-            Some(j) if logits[j] >= logits[i] => Some(j),
-            _ => Some(i),
-        });
+        let best = (0..logits.len()).filter(|&i| ok(i)).reduce(|j, i| if logits[i] > logits[j] { i } else { j });
         return (0..logits.len()).map(|i| if Some(i) == best { 0.0 } else { f32::NEG_INFINITY }).collect();
     }
     let scaled: Vec<f32> = match allowed {
