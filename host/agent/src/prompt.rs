@@ -22,6 +22,11 @@ pub enum Role {
 /// * `legend`: `{entries}` (`symbol: meaning, ...`)
 /// * `turn`: `{turn}`, `{state}`, `{actions_left}`, `{format}`
 /// * `reward`: `{reward}`
+/// * `no_effect`: `{count}`, the number of the last turn's actions that left
+///   the state unchanged (the contract's `action_is_effective`); written after
+///   the reward, and only when that number is not 0. Empty by default, as in
+///   the reference: a policy that sees one turn at a time cannot otherwise
+///   tell that its last move bumped a wall, and keeps repeating it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PromptTemplates {
@@ -31,6 +36,7 @@ pub struct PromptTemplates {
     pub legend: String,
     pub turn: String,
     pub reward: String,
+    pub no_effect: String,
     /// The format reminder when thinking is on / off.
     pub format_think: String,
     pub format_answer: String,
@@ -47,6 +53,7 @@ impl Default for PromptTemplates {
             legend: "The meaning of each symbol in the state is:\n{entries}\n".into(),
             turn: "Turn {turn}:\nState:\n{state}\nYou have {actions_left} actions left. {format}".into(),
             reward: "Reward:\n{reward}\n".into(),
+            no_effect: String::new(),
             format_think: "Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer> with no extra text. \
                            Strictly follow this format."
                 .into(),
@@ -57,8 +64,19 @@ impl Default for PromptTemplates {
 
 impl PromptTemplates {
     /// Every template's text, for a tokenizer to learn the words from.
-    pub fn texts(&self) -> [&str; 8] {
-        [&self.system, &self.intro, &self.intro_text, &self.legend, &self.turn, &self.reward, &self.format_think, &self.format_answer]
+    pub fn texts(&self) -> [&str; 9] {
+        [
+            &self.system,
+            &self.intro,
+            &self.intro_text,
+            &self.legend,
+            &self.turn,
+            &self.reward,
+            &self.format_think,
+            &self.format_answer,
+            // Last, so that setting it adds words without renumbering others.
+            &self.no_effect,
+        ]
     }
 }
 
@@ -139,9 +157,15 @@ impl PromptBuilder {
         }
     }
 
-    /// A later user message: the last turn's reward, then turn `turn`.
-    pub fn next_user(&self, reward: f64, turn: u32, state: &str, actions_left: u32) -> String {
-        format!("{}\n{}", fill(&self.templates.reward, &[("reward", &format_reward(reward))]), self.turn(turn, state, actions_left))
+    /// A later user message: the last turn's reward (and, with a `no_effect`
+    /// template, how many of its `no_effect` actions changed nothing), then
+    /// turn `turn`.
+    pub fn next_user(&self, reward: f64, no_effect: usize, turn: u32, state: &str, actions_left: u32) -> String {
+        let mut feedback = fill(&self.templates.reward, &[("reward", &format_reward(reward))]);
+        if no_effect > 0 {
+            feedback.push_str(&fill(&self.templates.no_effect, &[("count", &no_effect.to_string())]));
+        }
+        format!("{feedback}\n{}", self.turn(turn, state, actions_left))
     }
 
     /// What the reply is pre-filled with.
@@ -197,9 +221,17 @@ pub(crate) mod tests {
     #[test]
     fn later_turns_report_the_reward() {
         let p = PromptBuilder::new(PromptTemplates::default(), &spec(), false, 5);
-        let m = p.next_user(-0.1 + 1.0, 2, "#_P", 7);
+        let m = p.next_user(-0.1 + 1.0, 1, 2, "#_P", 7);
         assert!(m.starts_with("Reward:\n0.9\n\nTurn 2:\nState:\n#_P\nYou have 7 actions left. Always output: <answer>"), "{m}");
         assert_eq!(p.prefill(), "<answer>");
+    }
+
+    #[test]
+    fn actions_that_changed_nothing_are_reported_only_when_there_are_some() {
+        let t = PromptTemplates { reward: "{reward}\n".into(), no_effect: "{count} did nothing\n".into(), ..Default::default() };
+        let p = PromptBuilder::new(t, &spec(), false, 5);
+        assert!(p.next_user(-0.1, 2, 2, "#_P", 7).starts_with("-0.1\n2 did nothing\n\nTurn 2:"));
+        assert!(p.next_user(-0.1, 0, 2, "#_P", 7).starts_with("-0.1\n\nTurn 2:"));
     }
 
     #[test]

@@ -166,7 +166,9 @@ impl RolloutRunner {
                 let l = &mut live[i];
                 if l.can_act(lim) && turn < lim.max_turn {
                     let left = lim.max_actions_per_traj - l.used;
-                    l.segments.push(user(self.prompts.next_user(turns[k].reward, turn + 1, &l.observation, left)));
+                    let t = &turns[k];
+                    let no_effect = t.executed.len() - t.effective;
+                    l.segments.push(user(self.prompts.next_user(t.reward, no_effect, turn + 1, &l.observation, left)));
                 }
             }
             for (turn, &i) in turns.into_iter().zip(&active) {

@@ -100,3 +100,33 @@ fn countdown_is_evaluated_with_text_answers() {
     assert!(!out.status.success());
     assert!(text(&out).contains("free text") && text(&out).contains("countdown-solver"), "{}", text(&out));
 }
+
+#[test]
+fn the_prompt_can_say_which_moves_changed_nothing() {
+    // A random Sokoban player bumps walls; with a `no_effect` template the
+    // next message says so, exactly after the turns whose move changed nothing.
+    let dir = scratch("eval");
+    let (config, file) = (dir.join("no-effect.toml"), dir.join("no-effect.jsonl"));
+    std::fs::write(
+        &config,
+        "[rollout]\nmax_actions_per_turn = 1\nmax_turn = 10\nmax_actions_per_traj = 10\n\
+         [prompt]\nno_effect = \"NOEFFECT {count}\\n\"\n",
+    )
+    .unwrap();
+    let env = plugin("sokoban");
+    let (env, config, file_arg) = (env.to_str().unwrap(), config.to_str().unwrap(), file.to_str().unwrap());
+    eval_json(&["--env", env, "--policy", "random", "--episodes", "16", "--config", config, "--trajectories", file_arg]);
+    let (mut marked, mut unmarked) = (0, 0);
+    for line in std::fs::read_to_string(&file).unwrap().lines() {
+        let t: serde_json::Value = serde_json::from_str(line).unwrap();
+        let (turns, segments) = (t["turns"].as_array().unwrap(), t["segments"].as_array().unwrap());
+        for (k, turn) in turns.iter().enumerate() {
+            let Some(next) = segments.get(3 + 2 * k) else { break };
+            let changed_nothing = turn["executed"].as_array().unwrap().len() == 1 && turn["effective"] == 0;
+            let says_so = next["text"].as_str().unwrap().contains("NOEFFECT 1\n");
+            assert_eq!(changed_nothing, says_so, "turn {k} of {line}");
+            if says_so { marked += 1 } else { unmarked += 1 }
+        }
+    }
+    assert!(marked > 0 && unmarked > 0, "{marked} turns marked, {unmarked} not");
+}
