@@ -100,7 +100,7 @@ proptest! {
         let prompts = PromptBuilder::new(templates.clone(), &spec, think, limits.max_actions_per_turn);
         let _ = prompts.system();
         let _ = prompts.first_user(&observation, limits.max_actions_per_traj);
-        let _ = prompts.next_user(reward, 2, &observation, limits.max_actions_per_traj);
+        let _ = prompts.next_user(reward, 1, 2, &observation, limits.max_actions_per_traj);
         let parser = ResponseParser::new(spec.action_names(), think, limits.max_actions_per_turn as usize);
         let parsed = parser.parse(&reply);
         prop_assert!(parsed.actions.iter().all(|&a| (a as usize) < spec.action_names().len()));

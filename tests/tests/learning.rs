@@ -25,6 +25,7 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
         legend: String::new(),
         turn: "{state}\n".into(),
         reward: "{reward}\n".into(),
+        no_effect: String::new(),
         format_think: String::new(),
         format_answer: String::new(),
     };
