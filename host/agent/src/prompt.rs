@@ -157,9 +157,9 @@ impl PromptBuilder {
         }
     }
 
-    /// A later user message: the last turn's reward (and, with a `no_effect`
-    /// template, how many of its `no_effect` actions changed nothing), then
-    /// turn `turn`.
+    /// A later user message: the last turn's reward (and, when the
+    /// `no_effect` template is set and `no_effect > 0`, how many of that
+    /// turn's actions changed nothing), then turn `turn`.
     pub fn next_user(&self, reward: f64, no_effect: usize, turn: u32, state: &str, actions_left: u32) -> String {
         let mut feedback = fill(&self.templates.reward, &[("reward", &format_reward(reward))]);
         if no_effect > 0 {
