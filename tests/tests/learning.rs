@@ -236,21 +236,93 @@ fn a_step_taken_one_row_per_pass_equals_the_step_taken_in_one_pass() {
     }
     assert!(a.grad_norm > 0.0 && a.world_model_loss > 0.0);
     // And the models they step to.
-    let p = |m: &ragen_policy::PolicyModel<Flex>| -> Vec<f32> {
-        use burn::module::Module;
-        let mut all = vec![];
-        struct Collect<'a>(&'a mut Vec<f32>);
-        impl burn::module::ModuleVisitor<Flex> for Collect<'_> {
-            fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<burn::prelude::Tensor<Flex, D>>) {
-                self.0.extend(param.val().into_data().to_vec::<f32>().unwrap());
-            }
-        }
-        m.visit(&mut Collect(&mut all));
-        all
-    };
-    let (pa, pb) = (p(&whole.policy_model()), p(&split.policy_model().inner));
+    let (pa, pb) = (weights(&whole.policy_model()), weights(&split.policy_model().inner));
     // AdamW's first step moves each weight by about lr·g/|g|, which float
     // noise in a near-zero gradient can change by a few percent of lr.
     let gap = pa.iter().zip(&pb).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     assert!(gap < 0.05 * 3e-3, "the parameters after the step differ by {gap}");
+}
+
+/// Every weight of `m`, in visiting order.
+fn weights(m: &ragen_policy::PolicyModel<Flex>) -> Vec<f32> {
+    use burn::module::Module;
+    let mut all = vec![];
+    struct Collect<'a>(&'a mut Vec<f32>);
+    impl burn::module::ModuleVisitor<Flex> for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<burn::prelude::Tensor<Flex, D>>) {
+            self.0.extend(param.val().into_data().to_vec::<f32>().unwrap());
+        }
+    }
+    m.visit(&mut Collect(&mut all));
+    all
+}
+
+/// A small critic network for the tests' tokenizer, its weights drawn.
+fn small_critic(tok: &PluginTokenizer) -> ragen_policy::PolicyModel<B> {
+    let critic = PolicyModelConfig::new(tok.vocab_size())
+        .with_d_model(16)
+        .with_n_layers(1)
+        .with_n_heads(2)
+        .with_max_seq_len(256)
+        .init::<B>(&Default::default());
+    // Burn initialises parameters lazily, and each clone of a parameter not
+    // yet read draws its own weights: read them once, so clones are copies.
+    let _ = burn::module::AutodiffModule::valid(&critic);
+    critic
+}
+
+#[test]
+fn a_critic_of_its_own_takes_the_value_loss_off_the_policy_and_fits_the_returns() {
+    let update = UpdateConfig { lr: 3e-3, value_coef: 0.5, ..UpdateConfig::default() };
+    let (ts, tok, shared) = frozenlake_batch(update);
+    let batch: Vec<&Trajectory> = ts.iter().collect();
+    let grammar = || Some(AnswerGrammar::new(&tok, false, 0, 1));
+    let policy = shared.model().clone();
+    let critic = small_critic(&tok);
+    // The same policy and critic, with the value loss weighed 0.5 and 0.
+    let learner = |value_coef: f64| {
+        Learner::new(policy.clone(), grammar(), UpdateConfig { value_coef, ..update }, Default::default()).with_critic(critic.clone(), 1.0)
+    };
+    let (mut half, mut zero) = (learner(0.5), learner(0.0));
+    let (a, b) = (half.update(&batch, &tok).unwrap(), zero.update(&batch, &tok).unwrap());
+    assert_eq!(weights(&half.policy_model()), weights(&zero.policy_model()), "value_coef must not reach the policy's step");
+    assert!(a.critic_grad_norm > 0.0 && a.critic_grad_norm == b.critic_grad_norm, "{a:?}");
+    // Control: with the value head on the trunk, value_coef does move it.
+    let mut shared_zero = Learner::new(policy.clone(), grammar(), UpdateConfig { value_coef: 0.0, ..update }, Default::default());
+    let mut shared = shared;
+    shared.update(&batch, &tok).unwrap();
+    shared_zero.update(&batch, &tok).unwrap();
+    assert_ne!(weights(&shared.policy_model()), weights(&shared_zero.policy_model()));
+    // The critic alone fits the batch's returns.
+    let losses: Vec<f32> = (0..25).map(|_| half.update(&batch, &tok).unwrap().value_loss).collect();
+    assert!(losses[24] < 0.5 * a.value_loss, "the critic's value loss went from {} to {losses:?}", a.value_loss);
+}
+
+#[test]
+fn a_critic_of_its_own_is_checkpointed_with_its_optimizer() {
+    let update = UpdateConfig { lr: 3e-3, ..UpdateConfig::default() };
+    let (ts, tok, learner) = frozenlake_batch(update);
+    let batch: Vec<&Trajectory> = ts.iter().collect();
+    let grammar = || Some(AnswerGrammar::new(&tok, false, 0, 1));
+    let policy = learner.model().clone();
+    let mut trained = Learner::new(policy.clone(), grammar(), update, Default::default()).with_critic(small_critic(&tok), 1.0);
+    trained.update(&batch, &tok).unwrap();
+    let dir = std::env::temp_dir().join(format!("ragen-critic-checkpoint-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    trained.save(&dir).unwrap();
+    // A fresh critic of other weights, loaded from the checkpoint, steps
+    // exactly as the one that wrote it (weights and AdamW moments).
+    let mut resumed = Learner::new(policy.clone(), grammar(), update, Default::default()).with_critic(small_critic(&tok), 1.0);
+    resumed.load(&dir).unwrap();
+    let (a, b) = (trained.update(&batch, &tok).unwrap(), resumed.update(&batch, &tok).unwrap());
+    assert_eq!((a.value_loss, a.critic_grad_norm), (b.value_loss, b.critic_grad_norm));
+    assert_eq!(weights(&trained.policy_model()), weights(&resumed.policy_model()));
+    // A checkpoint without a critic is refused by a learner that has one,
+    // with what to do.
+    let plain = dir.join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    Learner::new(policy.clone(), grammar(), update, Default::default()).save(&plain).unwrap();
+    let err = format!("{:#}", resumed.load(&plain).unwrap_err());
+    assert!(err.contains("[critic]") && err.contains("resume with the config"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,12 +3,13 @@
 //! updated by the learner. Only the adapters and the value head move; the
 //! KL to the reference (the base without adapters) starts at zero; and the
 //! model learns Bandit (through StarPO-S's variance filter, as a run applies it).
+//! A critic of its own (`[critic]`) is a second copy of the file.
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::prelude::*;
 use ragen_agent::{PromptTemplates, RolloutRunner, Trajectory, summarize};
-use ragen_learner::{Chat, RolloutFilter, TrainConfig, Trainee};
+use ragen_learner::{Chat, CriticSection, RolloutFilter, TrainConfig, Trainee};
 use ragen_llm::{Architecture, LoraConfig};
 use ragen_test_fixtures::tiny_llm::Tiny;
 use safetensors::Dtype;
@@ -131,4 +132,27 @@ fn a_tiny_llama_with_lora_learns_bandit() {
     assert!(history[0] < 0.2, "a random model rarely answers at all: {history:?}");
     let last = &history[history.len() - 3..];
     assert!(last.iter().all(|&s| s >= 0.9), "did not learn within {} updates: {history:?}", history.len());
+}
+
+#[test]
+fn a_pretrained_models_critic_of_its_own_is_a_second_copy_that_trains_apart() {
+    let mut config = config(tiny_model("critic"));
+    let path = config.model_path.clone().unwrap();
+    config.critic = Some(CriticSection { d_model: Some(8), ..CriticSection::default() });
+    let refused = Chat::build::<B>(&config, &path, Default::default()).err().expect("a shape key for a pretrained critic");
+    assert!(format!("{refused:#}").contains("takes only `lr`"), "{refused:#}");
+
+    config.critic = Some(CriticSection { lr: Some(1e-3), ..CriticSection::default() });
+    let runner = runner(&config, &[]);
+    let (trainee, mut learner) = Chat::build::<B>(&config, &path, Default::default()).unwrap();
+    let before = parameters(&learner.policy_model());
+    let trainable: Vec<ParamId> = parameters(&learner.policy_model().tuned).into_keys().collect();
+    let mut policy = Trainee::<B>::policy(&trainee, learner.policy_model(), 1.0, 7, &Default::default());
+    let ts = runner.run(policy.as_mut(), &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+    let batch: Vec<&Trajectory> = ts.iter().collect();
+    let stats = learner.update(&batch, Trainee::<B>::tokenizer(&trainee)).unwrap();
+    assert!(stats.critic_grad_norm > 0.0 && stats.value_loss > 0.0, "the critic trained: {stats:?}");
+    let after = parameters(&learner.policy_model());
+    let changed: Vec<&ParamId> = before.keys().filter(|id| before[id] != after[id]).collect();
+    assert!(!changed.is_empty() && changed.iter().all(|id| trainable.contains(id)), "the policy's adapters train, its base does not");
 }

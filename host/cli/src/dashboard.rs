@@ -66,7 +66,13 @@ pub fn write(path: &Path, history: &[StepMetrics]) -> Result<()> {
             ],
         ),
         ("entropy", vec![("entropy", BLUE, xy(&|m| Some(m.entropy as f64)))]),
-        ("gradient norm", vec![("grad norm", BLUE, xy(&|m| Some(m.grad_norm as f64)))]),
+        (
+            "gradient norm",
+            vec![
+                ("policy", BLUE, xy(&|m| Some(m.grad_norm as f64))),
+                ("critic (its own network)", RED, xy(&|m| (m.critic_grad_norm > 0.0).then_some(m.critic_grad_norm as f64))),
+            ],
+        ),
         (
             "clip fraction / approx KL",
             vec![("clip fraction", BLUE, xy(&|m| Some(m.clip_fraction as f64))), ("approx KL", RED, xy(&|m| Some(m.approx_kl as f64)))],
@@ -173,6 +179,9 @@ fn draw(path: &Path, charts: Vec<(&str, Vec<Series>)>) -> Result<()> {
             .map_err(|e| anyhow!("{e}"))?;
         for (name, color, points) in series {
             let points: Vec<(f64, f64)> = points.into_iter().filter(|p| p.1.is_finite()).collect();
+            if points.is_empty() {
+                continue; // nothing measured (a critic that is the policy's value head): no legend either
+            }
             chart
                 .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
                 .map_err(|e| anyhow!("{e}"))?

@@ -2,11 +2,12 @@
 //! checkpoint; a resumed run continues it exactly; `eval --checkpoint`
 //! reads it back; a schedule sets each step's learning rate and the best
 //! validated checkpoint is kept apart; SIGTERM stops a run with a
-//! checkpoint.
+//! checkpoint; a critic of its own is checkpointed and resumed with it.
 
 mod common;
 
 use common::{plugin, ragen_host, scratch, text, without_timings};
+use std::path::Path;
 
 const SMALL: &str = r#"
 steps = 6
@@ -31,6 +32,34 @@ max_seq_len = 256
 [ppo]
 lr = 0.003
 "#;
+
+#[test]
+fn a_run_with_a_critic_of_its_own_checkpoints_it_and_resumes_exactly() {
+    let dir = scratch("train-critic");
+    let config = dir.join("critic.toml");
+    std::fs::write(&config, format!("{SMALL}[critic]\nd_model = 16\nlr = 0.001\n")).unwrap();
+    let bandit = plugin("bandit");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let _ = std::fs::remove_dir_all(&a);
+    let _ = std::fs::remove_dir_all(&b);
+    let train = |out: &Path, steps: &str| {
+        let args = ["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--steps", steps, "--out"];
+        let out = ragen_host(&[&args[..], &[out.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "{}", text(&out));
+    };
+    train(&a, "4");
+    train(&b, "3"); // its last step validates, as the third of four does at test_freq 3
+    let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--resume", b.to_str().unwrap(), "--steps", "4"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(b.join("checkpoint/critic.bin").exists() && b.join("checkpoint/critic-optimizer.bin").exists(), "the critic is saved");
+    let metrics = std::fs::read_to_string(a.join("metrics.jsonl")).unwrap();
+    assert_eq!(without_timings(&std::fs::read_to_string(b.join("metrics.jsonl")).unwrap()), without_timings(&metrics), "resumed exactly");
+    let critic_norms: Vec<f64> =
+        metrics.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["critic_grad_norm"].as_f64().unwrap()).collect();
+    assert!(critic_norms.iter().all(|&n| n > 0.0), "the critic's gradient norm is logged every step: {critic_norms:?}");
+    let written = std::fs::read_to_string(a.join("config.toml")).unwrap();
+    assert!(written.contains("[critic]") && written.contains("d_model = 16"), "{written}");
+}
 
 #[test]
 fn a_run_leaves_metrics_and_a_checkpoint_and_resumes_exactly() {

@@ -142,6 +142,46 @@ pub struct PpoSection {
     pub ppo_mini_batch_size: Option<usize>,
 }
 
+/// `[critic]`: a value network of its own, trained apart from the policy
+/// on the value loss alone, as the reference's critic is, in place of the
+/// value head on the policy's trunk. Why: a shared trunk must serve both
+/// objectives, and `value_coef` trades one off against the other (0.5
+/// drowns the policy's gradient on Sokoban, 0.02 leaves FrozenLake's
+/// values poor); apart, each gets its full weight. It costs a second
+/// network's passes in every update, so its shape can be smaller than the
+/// policy's: each shape key absent takes `[model]`'s. An empty `[critic]`
+/// table is a critic of the policy's shape and rate.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CriticSection {
+    /// Peak learning rate (verl's `critic.optim.lr`); the policy's
+    /// schedule scales it step by step. Absent: the policy's `lr`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub d_model: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_layers: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_heads: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mlp_ratio: Option<usize>,
+}
+
+impl CriticSection {
+    /// The critic's transformer: `policy`'s shape with this section's keys
+    /// over it (the same vocabulary, context and positions).
+    pub fn model(&self, policy: &PolicyModelConfig) -> PolicyModelConfig {
+        PolicyModelConfig {
+            d_model: self.d_model.unwrap_or(policy.d_model),
+            n_layers: self.n_layers.unwrap_or(policy.n_layers),
+            n_heads: self.n_heads.unwrap_or(policy.n_heads),
+            mlp_ratio: self.mlp_ratio.unwrap_or(policy.mlp_ratio),
+            ..policy.clone()
+        }
+    }
+}
+
 /// `[plugin]`: the env plugin a run trained on, so the run names it
 /// exactly and `--resume` can take the same one (or say that a tag moved).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,6 +241,10 @@ pub struct TrainConfig {
     pub model: PolicyModelConfig,
     pub sampling: SamplingSection,
     pub ppo: PpoSection,
+    /// `[critic]`: present, the critic is a network of its own; absent, a
+    /// value head on the policy's trunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critic: Option<CriticSection>,
 }
 
 impl Default for TrainConfig {
@@ -220,6 +264,7 @@ impl Default for TrainConfig {
             model: PolicyModelConfig::new(0),
             sampling: SamplingSection::default(),
             ppo: PpoSection::default(),
+            critic: None,
         }
     }
 }
@@ -231,6 +276,9 @@ pub struct Resolved {
     /// The learning rate per training step (`update.lr` is its peak).
     pub schedule: LrSchedule,
     pub rollout_filter_ratio: f64,
+    /// With a `[critic]` network: its learning rate as a multiple of the
+    /// policy's, at every step of the schedule.
+    pub critic_lr_scale: Option<f64>,
 }
 
 impl TrainConfig {
@@ -301,7 +349,25 @@ impl TrainConfig {
             total_steps: self.steps,
         };
         schedule.check()?;
-        Ok(Resolved { update: u, schedule, rollout_filter_ratio })
+        let critic_lr_scale = self.critic_lr_scale(&u)?;
+        Ok(Resolved { update: u, schedule, rollout_filter_ratio, critic_lr_scale })
+    }
+
+    /// The `[critic]` network's rate relative to the policy's, after
+    /// checking that the estimator has a use for a critic.
+    fn critic_lr_scale(&self, u: &UpdateConfig) -> Result<Option<f64>> {
+        let Some(critic) = &self.critic else { return Ok(None) };
+        if !u.estimator.uses_critic() {
+            anyhow::bail!(
+                "a [critic] section trains a value network, and GRPO's advantages use none: remove [critic], \
+                 or use adv_estimator = \"gae\" (PPO)"
+            );
+        }
+        let lr = critic.lr.unwrap_or(u.lr);
+        if !(lr > 0.0 && lr.is_finite()) {
+            anyhow::bail!("critic.lr {lr}: use a positive rate (absent: the policy's lr, {})", u.lr);
+        }
+        Ok(Some(lr / u.lr))
     }
 }
 
@@ -361,6 +427,25 @@ mod tests {
         let long: TrainConfig = toml::from_str("steps = 3\n[ppo]\nlr_warmup_steps = 3\n").unwrap();
         assert!(long.resolve().unwrap_err().to_string().contains("lr_warmup_steps"));
         assert!(toml::from_str::<TrainConfig>("[ppo]\nlr_scheduler_type = \"step\"\n").unwrap_err().to_string().contains("step"));
+    }
+
+    #[test]
+    fn a_critic_section_gives_the_critic_a_network_and_a_rate_of_its_own() {
+        assert_eq!(TrainConfig::default().resolve().unwrap().critic_lr_scale, None, "a value head on the trunk by default");
+        let c: TrainConfig =
+            toml::from_str("[ppo]\nlr = 0.002\n[model]\nd_model = 64\nn_layers = 3\n[critic]\nd_model = 32\nlr = 0.004\n").unwrap();
+        let critic = c.critic.as_ref().unwrap().model(&c.model);
+        assert_eq!((critic.d_model, critic.n_layers, critic.max_seq_len), (32, 3, c.model.max_seq_len), "unset keys are the policy's");
+        assert_eq!(c.resolve().unwrap().critic_lr_scale, Some(2.0));
+        let empty: TrainConfig = toml::from_str("[critic]\n").unwrap();
+        assert_eq!(empty.critic.as_ref().unwrap().model(&empty.model), empty.model);
+        assert_eq!(empty.resolve().unwrap().critic_lr_scale, Some(1.0), "the policy's rate");
+        assert_eq!(toml::from_str::<TrainConfig>(&c.to_toml()).unwrap(), c, "written with the run's config");
+        let grpo: TrainConfig = toml::from_str("algo = \"grpo\"\n[critic]\n").unwrap();
+        assert!(grpo.resolve().unwrap_err().to_string().contains("remove [critic]"));
+        let bad: TrainConfig = toml::from_str("[critic]\nlr = 0.0\n").unwrap();
+        assert!(bad.resolve().unwrap_err().to_string().contains("critic.lr"));
+        assert!(toml::from_str::<TrainConfig>("[critic]\nwidth = 3\n").unwrap_err().to_string().contains("width"));
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub mod trainee;
 mod update;
 
 pub use advantages::{Estimator, SequenceInput, gae, grpo};
-pub use config::{Algo, PluginRecord, Positions, SamplingSection, TrainConfig};
+pub use config::{Algo, CriticSection, PluginRecord, Positions, SamplingSection, TrainConfig};
 pub use filter::RolloutFilter;
 pub use metrics::{StepMetrics, read_metrics};
 pub use run::{CheckpointInfo, build_learner, find_checkpoint, load_trained, train};

@@ -18,6 +18,11 @@ pub struct StepMetrics {
     pub groups_kept: usize,
     pub entropy: f32,
     pub grad_norm: f32,
+    /// The critic's gradient norm when it is a network of its own
+    /// (`[critic]`; 0 otherwise: the value head's gradient is part of
+    /// `grad_norm`).
+    #[serde(default)]
+    pub critic_grad_norm: f32,
     pub policy_loss: f32,
     pub value_loss: f32,
     pub clip_fraction: f32,

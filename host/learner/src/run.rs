@@ -347,6 +347,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             groups_kept: kept.len(),
             entropy: stats.entropy,
             grad_norm: stats.grad_norm,
+            critic_grad_norm: stats.critic_grad_norm,
             policy_loss: stats.policy_loss,
             value_loss: stats.value_loss,
             clip_fraction: stats.clip_fraction,

@@ -62,8 +62,14 @@ impl Scratch {
         let limits = config.agent.rollout.limits(spec);
         let think = config.agent.rollout.enable_think;
         let grammar = AnswerGrammar::new(&tokenizer, think, config.sampling.think_budget, limits.max_actions_per_turn);
-        let model = PolicyModelConfig { vocab_size: tokenizer.vocab_size(), ..config.model.clone() }.init::<B>(&device);
-        let learner = Learner::new(model, Some(grammar), resolved.update, device);
+        let shape = PolicyModelConfig { vocab_size: tokenizer.vocab_size(), ..config.model.clone() };
+        let model = shape.init::<B>(&device);
+        let mut learner = Learner::new(model, Some(grammar), resolved.update, device.clone());
+        // The critic of its own, initialised after the policy, so the
+        // policy's weights are the same with or without it.
+        if let (Some(critic), Some(scale)) = (&config.critic, resolved.critic_lr_scale) {
+            learner = learner.with_critic(critic.model(&shape).init::<B>(&device), scale);
+        }
         let scratch = Self { tokenizer, think, think_budget: config.sampling.think_budget, max_actions: limits.max_actions_per_turn };
         Ok((scratch, learner))
     }
@@ -143,7 +149,18 @@ impl Chat {
         let chat = pretrained.chat_tokenizer(max_new_tokens);
         let Pretrained { model, config: llm_config, path, .. } = pretrained;
         let model = model.with_lora(&config.lora);
-        let learner = Learner::new(model, None, resolved.update, device);
+        let mut learner = Learner::new(model, None, resolved.update, device.clone());
+        if let Some(scale) = resolved.critic_lr_scale {
+            ensure!(
+                config.critic.as_ref().is_some_and(|c| *c == crate::CriticSection { lr: c.lr, ..Default::default() }),
+                "[critic] of a pretrained model takes only `lr`: its critic is a second copy of `{}` (as verl's), with the \
+                 same [lora] adapters; remove the shape keys",
+                path.display()
+            );
+            // A second copy of the file, as verl initialises its critic.
+            let critic = Pretrained::<B>::load(&path, &device)?.model.with_lora(&config.lora);
+            learner = learner.with_critic(critic, scale);
+        }
         let batch = config.sampling.batch.max(1);
         Ok((Self { config: llm_config, path, chat, max_new_tokens, batch }, learner))
     }

@@ -12,7 +12,10 @@
 //!    − entropy_coef · entropy (+ kl_coef · KL) (+ world_model_coef ·
 //!    next-observation loss), token means, with the
 //!    log-probs under the same mask and temperature the reply was sampled
-//!    with; the global gradient norm is clipped to `max_grad_norm`.
+//!    with; the global gradient norm is clipped to `max_grad_norm`. With a
+//!    critic of its own (`[critic]`), the value loss leaves the policy's
+//!    objective and the critic takes its own AdamW step on it, on the same
+//!    mini-batch.
 
 use crate::advantages::{Estimator, SequenceInput};
 use crate::loss::{Clip, kl_to_reference, masked_mean, policy_loss, value_loss};
@@ -103,6 +106,9 @@ pub struct UpdateStats {
     pub world_model_loss: f32,
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
+    /// The same for a critic of its own (0 with a value head on the
+    /// policy's trunk, whose gradient is `grad_norm`'s).
+    pub critic_grad_norm: f32,
     pub agent_tokens: usize,
     /// Tokens of every row of the batch (one epoch's reading).
     pub row_tokens: usize,
@@ -124,6 +130,7 @@ impl UpdateStats {
         self.kl_to_reference += step.kl_to_reference;
         self.world_model_loss += step.world_model_loss;
         self.grad_norm += step.grad_norm;
+        self.critic_grad_norm += step.critic_grad_norm;
         self.optimizer_steps += 1;
     }
 
@@ -139,6 +146,7 @@ impl UpdateStats {
             kl_to_reference: self.kl_to_reference / k,
             world_model_loss: self.world_model_loss / k,
             grad_norm: self.grad_norm / k,
+            critic_grad_norm: self.critic_grad_norm / k,
             ..self
         }
     }
@@ -172,11 +180,23 @@ struct Row<'a> {
     observed: Vec<usize>,
 }
 
+/// The value network when it is a model of its own (`[critic]`), with
+/// its own optimiser; only its value head's output is read.
+struct Critic<B: AutodiffBackend, M: AutodiffModule<B>> {
+    model: Option<M>,
+    optimizer: OptimizerAdaptor<AdamW, M, B>,
+    /// Its learning rate as a multiple of the policy's.
+    lr_scale: f64,
+}
+
 /// The network being trained (any [`PolicyNetwork`]; our transformer by
-/// default), its optimiser and the grammar its replies obey, if any (a
-/// pretrained model writes free text).
+/// default), its optimiser, its critic when that is a network of its own,
+/// and the grammar its replies obey, if any (a pretrained model writes
+/// free text).
 pub struct Learner<B: AutodiffBackend, M: AutodiffModule<B> = PolicyModel<B>> {
     model: Option<M>,
+    /// `None`: the critic is the value head on `model`'s trunk.
+    critic: Option<Critic<B, M>>,
     /// The frozen initial policy the KL term pulls towards (only kept when
     /// `kl_coef` is not 0).
     reference: Option<M::InnerModule>,
@@ -196,7 +216,17 @@ where
     pub fn new(model: M, grammar: Option<AnswerGrammar>, config: UpdateConfig, device: B::Device) -> Self {
         let optimizer = AdamWConfig::new().with_weight_decay(config.weight_decay).init();
         let reference = (config.kl_coef != 0.0).then(|| model.valid());
-        Self { model: Some(model), reference, optimizer, grammar, config, device }
+        Self { model: Some(model), critic: None, reference, optimizer, grammar, config, device }
+    }
+
+    /// Train `critic`'s value head (and trunk) as the critic, on the value
+    /// loss alone, at `lr_scale` times the policy's rate; the value loss
+    /// then leaves the policy's objective. `critic` is a network of the
+    /// same kind, of any shape (a small one costs little).
+    pub fn with_critic(mut self, critic: M, lr_scale: f64) -> Self {
+        let optimizer = AdamWConfig::new().with_weight_decay(self.config.weight_decay).init();
+        self.critic = Some(Critic { model: Some(critic), optimizer, lr_scale });
+        self
     }
 
     /// The learning rate of the updates from now on (a schedule's rate
@@ -222,6 +252,13 @@ where
         if let Some(reference) = &self.reference {
             reference.save_weights(&dir.join("reference")).context("cannot write the reference model")?;
         }
+        if let Some(critic) = &self.critic {
+            let model = critic.model.as_ref().expect("the critic is only taken during a step");
+            model.save_weights(&dir.join("critic")).context("cannot write the critic")?;
+            recorder
+                .record(critic.optimizer.to_record(), dir.join("critic-optimizer"))
+                .context("cannot write the critic's optimizer state")?;
+        }
         Ok(())
     }
 
@@ -236,6 +273,19 @@ where
         if let Some(reference) = self.reference.take() {
             self.reference =
                 Some(reference.load_weights(&dir.join("reference"), &self.device).context("cannot read the checkpoint's reference model")?);
+        }
+        if let Some(critic) = self.critic.as_mut() {
+            let missing = || {
+                format!(
+                    "cannot read the checkpoint's critic from `{}`: a run configured with [critic] resumes only from a \
+                     checkpoint that has one (resume with the config the run was trained with)",
+                    dir.display()
+                )
+            };
+            let model = critic.model.take().expect("critic present");
+            critic.model = Some(model.load_weights(&dir.join("critic"), &self.device).with_context(missing)?);
+            let record = recorder.load(dir.join("critic-optimizer"), &self.device).with_context(missing)?;
+            critic.optimizer = critic.optimizer.clone().load_record(record);
         }
         Ok(())
     }
@@ -309,15 +359,22 @@ where
     }
 
     /// 2. The critic's values before any step (and the frozen reference's
-    ///    log-probs when the KL term is on), without gradients, per row.
+    ///    log-probs when the KL term is on), without gradients, per row:
+    ///    from the critic's own network when it has one, else from the
+    ///    policy's value head.
     fn score_before_update(&self, rows: &[Row], vocab: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
         let frozen = self.model().valid();
+        let critic = self.critic.as_ref().map(|c| c.model.as_ref().expect("critic present").valid());
         let mut old_values: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
         let mut ref_logps: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
         let every: Vec<&Row> = rows.iter().collect();
-        for chunk in passes(&every, 1, |len| frozen.rows_per_pass(len)) {
-            let s = score(&frozen, chunk, vocab, self.config.temperature, false, &self.device);
-            split_rows(&mut old_values, chunk, &floats_of(s.values));
+        let per_pass = |len| frozen.rows_per_pass(len).min(critic.as_ref().map_or(usize::MAX, |c| c.rows_per_pass(len)));
+        for chunk in passes(&every, 1, per_pass) {
+            let values = match &critic {
+                Some(critic) => critic_values(critic, chunk, &self.device),
+                None => score(&frozen, chunk, vocab, self.config.temperature, false, &self.device).values,
+            };
+            split_rows(&mut old_values, chunk, &floats_of(values));
             if let Some(reference) = &self.reference {
                 let r = score(reference, chunk, vocab, self.config.temperature, false, &self.device);
                 split_rows(&mut ref_logps, chunk, &floats_of(r.logp));
@@ -335,7 +392,7 @@ where
         let size = if cfg.mini_batch_size == 0 { rows.len() } else { cfg.mini_batch_size.min(rows.len()) };
         let order_seed = rows.iter().fold(0u64, |h, r| ragen_runtime::next_seed(h ^ r.trajectory.seed ^ r.trajectory.env as u64));
         let mut model = self.model.take().expect("model present");
-        let mut sums = UpdateStats::default();
+        let (mut sums, mut critic_sums) = (UpdateStats::default(), UpdateStats::default());
         for epoch in 0..cfg.epochs.max(1) {
             let mut order: Vec<usize> = (0..rows.len()).collect();
             if cfg.epochs > 1 || size < rows.len() {
@@ -355,25 +412,33 @@ where
                         return Err(e);
                     }
                 }
+                if self.critic.is_some() {
+                    match self.critic_step(rows, picked, targets) {
+                        Ok(st) => critic_sums.add(&st),
+                        Err(e) => {
+                            self.model = Some(model);
+                            return Err(e);
+                        }
+                    }
+                }
             }
         }
         self.model = Some(model);
-        Ok(sums.mean())
+        let stats = sums.mean();
+        Ok(match self.critic {
+            Some(_) => {
+                let critic = critic_sums.mean();
+                UpdateStats { value_loss: critic.value_loss, critic_grad_norm: critic.grad_norm, ..stats }
+            }
+            None => stats,
+        })
     }
 
-    /// One optimizer step on the rows `picked`:
+    /// One optimizer step of the policy on the rows `picked`:
     /// loss = clipped surrogate + value_coef · clipped value loss
     /// − entropy_coef · entropy + kl_coef · KL (token means over the
-    /// mini-batch); then the global gradient norm, clipped to
-    /// `max_grad_norm`, and AdamW. A non-finite gradient skips the step and
-    /// hands the model back unchanged.
-    ///
-    /// The mini-batch goes through the network in passes, each with its own
-    /// backward pass, and the gradients add up: each pass's token means
-    /// weigh `n_pass / n`, so the sum is the mini-batch's token mean, while
-    /// only a few passes' graphs are in memory at a time (a pretrained
-    /// model's activations for a whole mini-batch would not fit). On flex
-    /// one pass runs per core ([`ragen_policy::concurrent_passes`]).
+    /// mini-batch), without the value loss when the critic is a network of
+    /// its own; then [`descend`].
     #[allow(clippy::type_complexity)]
     fn step(
         &mut self,
@@ -384,36 +449,88 @@ where
         vocab: usize,
     ) -> std::result::Result<(M, UpdateStats), (M, anyhow::Error)> {
         let cfg = self.config;
-        let mb: Vec<&Row> = picked.iter().map(|&i| &rows[i]).collect();
-        let tokens: usize = mb.iter().map(|r| r.agent.len()).sum();
-        let observed: usize = if cfg.world_model_coef != 0.0 { mb.iter().map(|r| r.observed.len()).sum() } else { 0 };
-        let mut stats = UpdateStats { agent_tokens: tokens, ..UpdateStats::default() };
-        let chunks = passes(&mb, B::passes_at_once(), |len| model.rows_per_pass(len));
-        let work: Vec<(&[&Row], &[usize])> = chunks
-            .iter()
-            .scan(0, |at, chunk| {
-                *at += chunk.len();
-                Some((*chunk, &picked[*at - chunk.len()..*at]))
-            })
-            .collect();
-        let context = PassContext { config: cfg, device: &self.device, targets, vocab, totals: [tokens, observed] };
-        let results = ragen_policy::concurrent_passes(&model, work, |m: &M, (chunk, picked)| context.pass(m, chunk, picked));
-        let mut all = Vec::with_capacity(results.len());
-        for (grads, pass) in results {
-            all.push(grads);
-            stats.add(&pass);
-        }
-        let mut grads = ragen_policy::sum_gradients(&model, all);
-        let norm = global_norm(&model, &grads);
-        if !norm.is_finite() {
-            return Err((model, anyhow::anyhow!("the gradient norm is {norm}; the step was skipped and the model is unchanged by it")));
-        }
-        if norm > cfg.max_grad_norm {
-            scale_grads(&model, &mut grads, cfg.max_grad_norm / norm);
-        }
-        let model = self.optimizer.step(cfg.lr, model, grads);
-        Ok((model, UpdateStats { grad_norm: norm as f32, optimizer_steps: 0, ..stats }))
+        let tokens: usize = picked.iter().map(|&i| rows[i].agent.len()).sum();
+        let observed: usize = if cfg.world_model_coef != 0.0 { picked.iter().map(|&i| rows[i].observed.len()).sum() } else { 0 };
+        let value_coef = if cfg.estimator.uses_critic() && self.critic.is_none() { cfg.value_coef } else { 0.0 };
+        let context = PassContext { config: cfg, device: &self.device, targets, vocab, totals: [tokens, observed], value_coef };
+        let (model, stats) = descend(model, &mut self.optimizer, rows, picked, (cfg.lr, cfg.max_grad_norm), |m: &M, chunk, picked| {
+            context.pass(m, chunk, picked)
+        })?;
+        Ok((model, UpdateStats { agent_tokens: tokens, ..stats }))
     }
+
+    /// One optimizer step of the critic of its own, on the same rows as
+    /// the policy's step: the clipped value loss alone (token mean), then
+    /// [`descend`] at its rate. Returns the loss and the gradient norm.
+    fn critic_step(&mut self, rows: &[Row], picked: &[usize], targets: &Targets) -> Result<UpdateStats> {
+        let cfg = self.config;
+        let critic = self.critic.as_mut().expect("a critic of its own");
+        let tokens: usize = picked.iter().map(|&i| rows[i].agent.len()).sum();
+        let context = PassContext { config: cfg, device: &self.device, targets, vocab: 0, totals: [tokens, 0], value_coef: 1.0 };
+        let model = critic.model.take().expect("critic present");
+        let rate = (cfg.lr * critic.lr_scale, cfg.max_grad_norm);
+        match descend(model, &mut critic.optimizer, rows, picked, rate, |m: &M, chunk, picked| context.critic_pass(m, chunk, picked)) {
+            Ok((m, stats)) => {
+                critic.model = Some(m);
+                Ok(stats)
+            }
+            Err((m, e)) => {
+                critic.model = Some(m);
+                Err(e.context("the critic's step"))
+            }
+        }
+    }
+}
+
+/// One AdamW step of `model` on the rows `picked` of `rows`, at the rate
+/// `lr` with the global gradient norm clipped to `max_norm`: the
+/// mini-batch goes through the network in passes, each with its own
+/// backward pass (`pass` gives its share of the loss's gradients and of
+/// the statistics), and the gradients add up. Each pass's token means
+/// weigh `n_pass / n`, so the sum is the mini-batch's token mean, while
+/// only a few passes' graphs are in memory at a time (a pretrained
+/// model's activations for a whole mini-batch would not fit). On flex one
+/// pass runs per core ([`ragen_policy::concurrent_passes`]). A non-finite
+/// gradient skips the step and hands the model back unchanged.
+#[allow(clippy::type_complexity)]
+fn descend<B, M>(
+    model: M,
+    optimizer: &mut OptimizerAdaptor<AdamW, M, B>,
+    rows: &[Row],
+    picked: &[usize],
+    (lr, max_norm): (f64, f64),
+    pass: impl Fn(&M, &[&Row], &[usize]) -> (GradientsParams, UpdateStats) + Sync,
+) -> std::result::Result<(M, UpdateStats), (M, anyhow::Error)>
+where
+    B: AutodiffBackend + ScoringBackend,
+    M: PolicyNetwork<B> + AutodiffModule<B>,
+{
+    let mb: Vec<&Row> = picked.iter().map(|&i| &rows[i]).collect();
+    let chunks = passes(&mb, B::passes_at_once(), |len| model.rows_per_pass(len));
+    let work: Vec<(&[&Row], &[usize])> = chunks
+        .iter()
+        .scan(0, |at, chunk| {
+            *at += chunk.len();
+            Some((*chunk, &picked[*at - chunk.len()..*at]))
+        })
+        .collect();
+    let results = ragen_policy::concurrent_passes(&model, work, |m: &M, (chunk, picked)| pass(m, chunk, picked));
+    let mut stats = UpdateStats::default();
+    let mut all = Vec::with_capacity(results.len());
+    for (grads, share) in results {
+        all.push(grads);
+        stats.add(&share);
+    }
+    let mut grads = ragen_policy::sum_gradients(&model, all);
+    let norm = global_norm(&model, &grads);
+    if !norm.is_finite() {
+        return Err((model, anyhow::anyhow!("the gradient norm is {norm}; the step was skipped and the model is unchanged by it")));
+    }
+    if norm > max_norm {
+        scale_grads(&model, &mut grads, max_norm / norm);
+    }
+    let model = optimizer.step(lr, model, grads);
+    Ok((model, UpdateStats { grad_norm: norm as f32, optimizer_steps: 0, ..stats }))
 }
 
 /// What every pass of a mini-batch step shares.
@@ -425,6 +542,9 @@ struct PassContext<'a, D> {
     /// The mini-batch's agent tokens and observed tokens: the denominators
     /// of its token means.
     totals: [usize; 2],
+    /// The value loss's weight in the policy's objective: `value_coef`
+    /// with a value head on the trunk, 0 with a critic of its own or none.
+    value_coef: f64,
 }
 
 impl<D> PassContext<'_, D> {
@@ -441,27 +561,20 @@ impl<D> PassContext<'_, D> {
         let (cfg, device) = (self.config, self.device);
         let s = score(model, chunk, vocab, cfg.temperature, cfg.world_model_coef != 0.0, device);
         // Per-token inputs in the pass's order.
-        let gather = |xs: &[Vec<f32>]| picked.iter().flat_map(|&i| xs[i].iter().copied()).collect::<Vec<f32>>();
+        let gather = |xs: &[Vec<f32>]| per_token::<B>(xs, picked, device);
         let old_logp: Vec<f32> = chunk.iter().flat_map(|r| r.old_logp.iter().copied()).collect();
         let n = old_logp.len();
         // This pass's share of the mini-batch's token means.
         let share = n as f64 / tokens.max(1) as f64;
-        let floats = |xs: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(xs, [n]), device);
         let mask = Tensor::<B, 1>::ones([n], device);
-        let pg = policy_loss(s.logp.clone(), floats(old_logp), floats(gather(advantages)), mask.clone(), cfg.clip);
-        let vl = value_loss(s.values, floats(gather(old_values)), floats(gather(returns)), mask.clone(), cfg.value_clip);
+        let old_logp = Tensor::<B, 1>::from_data(TensorData::new(old_logp, [n]), device);
+        let pg = policy_loss(s.logp.clone(), old_logp, gather(advantages), mask.clone(), cfg.clip);
+        let vl = value_loss(s.values, gather(old_values), gather(returns), mask.clone(), cfg.value_clip);
         let ent = masked_mean(s.entropy, mask.clone());
-        let kl = if ref_logps.is_empty() {
-            Tensor::<B, 1>::zeros([1], device)
-        } else {
-            kl_to_reference(s.logp, floats(gather(ref_logps)), mask)
-        };
+        let kl = if ref_logps.is_empty() { Tensor::<B, 1>::zeros([1], device) } else { kl_to_reference(s.logp, gather(ref_logps), mask) };
         // The next-observation loss: this pass's sum over the mini-batch's count.
         let wm = s.world_model.map_or_else(|| Tensor::<B, 1>::zeros([1], device), |(sum, _)| sum / observed.max(1) as f64);
-        let loss = (pg.loss.clone() + vl.clone() * if cfg.estimator.uses_critic() { cfg.value_coef } else { 0.0 }
-            - ent.clone() * cfg.entropy_coef
-            + kl.clone() * cfg.kl_coef)
-            * share
+        let loss = (pg.loss.clone() + vl.clone() * self.value_coef - ent.clone() * cfg.entropy_coef + kl.clone() * cfg.kl_coef) * share
             + wm.clone() * cfg.world_model_coef;
         let grads = GradientsParams::from_grads(loss.backward(), model);
         let scalar = |t: Tensor<B, 1>, weight: f64| t.into_scalar().elem::<f32>() * weight as f32;
@@ -477,6 +590,33 @@ impl<D> PassContext<'_, D> {
         };
         (grads, stats)
     }
+
+    /// One pass of a critic's step (a network of its own) over `chunk`:
+    /// its share of the clipped value loss's gradients, and of the loss.
+    fn critic_pass<B, M>(&self, model: &M, chunk: &[&Row], picked: &[usize]) -> (GradientsParams, UpdateStats)
+    where
+        B: AutodiffBackend<Device = D> + ScoringBackend,
+        M: PolicyNetwork<B> + AutodiffModule<B>,
+    {
+        let Targets { returns, old_values, .. } = self.targets;
+        let values = critic_values(model, chunk, self.device); // [n]
+        let n = values.dims()[0];
+        let share = n as f64 / self.totals[0].max(1) as f64;
+        let mask = Tensor::<B, 1>::ones([n], self.device);
+        let old = per_token::<B>(old_values, picked, self.device);
+        let vl = value_loss(values, old, per_token::<B>(returns, picked, self.device), mask, self.config.value_clip);
+        let grads = GradientsParams::from_grads((vl.clone() * share).backward(), model);
+        let value_loss = vl.into_scalar().elem::<f32>() * share as f32;
+        (grads, UpdateStats { value_loss, ..UpdateStats::default() })
+    }
+}
+
+/// The per-token values `xs[i]` of the rows `picked`, in order, as one
+/// tensor `[n]`.
+fn per_token<B: Backend>(xs: &[Vec<f32>], picked: &[usize], device: &B::Device) -> Tensor<B, 1> {
+    let flat: Vec<f32> = picked.iter().flat_map(|&i| xs[i].iter().copied()).collect();
+    let n = flat.len();
+    Tensor::from_data(TensorData::new(flat, [n]), device)
 }
 
 /// What one forward pass reads off at the agent tokens of its rows, in row
@@ -501,13 +641,8 @@ fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
     world_model: bool,
     device: &B::Device,
 ) -> Scores<B> {
-    let l = chunk.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-    let ids: Vec<i64> =
-        chunk.iter().flat_map(|r| r.tokens.iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, l - r.tokens.len()))).collect();
-    // Token i of row r is predicted at flat position r·l + i − 1.
-    let picks: Vec<i64> = chunk.iter().enumerate().flat_map(|(r, row)| row.agent.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
-    let n = picks.len();
-    let picks = Tensor::<B, 1, Int>::from_data(TensorData::new(picks, [n]), device);
+    let (ids, picks, l) = padded::<B>(chunk, device);
+    let n = picks.dims()[0];
     // The grammar's masks, when replies follow one (`vocab` > 0).
     let allowed = (vocab > 0).then(|| {
         let allowed: Vec<bool> = chunk.iter().flat_map(|r| r.allowed.iter().copied()).collect();
@@ -515,7 +650,6 @@ fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
     });
     let taken: Vec<i64> = chunk.iter().flat_map(|r| r.agent.iter().map(|&i| r.tokens[i] as i64)).collect();
     let taken = Tensor::<B, 1, Int>::from_data(TensorData::new(taken, [n]), device);
-    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), device);
 
     // One output-layer pass over the scored positions: the agent's tokens,
     // then (for the world-model loss) the env's.
@@ -553,6 +687,27 @@ fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
         values: values.reshape([chunk.len() * l]).select(0, picks), // [n]
         world_model,
     }
+}
+
+/// `chunk` as one right-padded batch: its token ids `[c, l]`, the flat
+/// positions `[n]` that predict its agent tokens (token `i` of row `r` is
+/// predicted at `r·l + i − 1`), and `l`.
+fn padded<B: Backend>(chunk: &[&Row], device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 1, Int>, usize) {
+    let l = chunk.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+    let ids: Vec<i64> =
+        chunk.iter().flat_map(|r| r.tokens.iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, l - r.tokens.len()))).collect();
+    let picks: Vec<i64> = chunk.iter().enumerate().flat_map(|(r, row)| row.agent.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
+    let n = picks.len();
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), device);
+    (ids, Tensor::from_data(TensorData::new(picks, [n]), device), l)
+}
+
+/// A critic network's values where `chunk`'s agent tokens are predicted,
+/// `[n]`: one pass, with no output layer (only the value head is read).
+fn critic_values<B: ScoringBackend, N: PolicyNetwork<B>>(critic: &N, chunk: &[&Row], device: &B::Device) -> Tensor<B, 1> {
+    let (ids, picks, l) = padded::<B>(chunk, device);
+    let (_, values) = critic.hidden_at_and_values(ids, picks.clone()); // [n, d], [c, l]
+    values.reshape([chunk.len() * l]).select(0, picks)
 }
 
 /// `rows` split, in order, into passes no larger than the network holds at
