@@ -391,7 +391,6 @@ where
         let cfg = self.config;
         let size = if cfg.mini_batch_size == 0 { rows.len() } else { cfg.mini_batch_size.min(rows.len()) };
         let order_seed = rows.iter().fold(0u64, |h, r| ragen_runtime::next_seed(h ^ r.trajectory.seed ^ r.trajectory.env as u64));
-        let mut model = self.model.take().expect("model present");
         let (mut sums, mut critic_sums) = (UpdateStats::default(), UpdateStats::default());
         for epoch in 0..cfg.epochs.max(1) {
             let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -402,28 +401,20 @@ where
                 }
             }
             for picked in order.chunks(size) {
-                match self.step(model, rows, picked, targets, vocab) {
-                    Ok((m, st)) => {
-                        model = m;
-                        sums.add(&st);
-                    }
-                    Err((m, e)) => {
-                        self.model = Some(m);
-                        return Err(e);
-                    }
-                }
+                // The model goes back in place after every step, stepped or
+                // not, so an error below leaves the learner whole.
+                let model = self.model.take().expect("model present");
+                let (model, policy) = match self.step(model, rows, picked, targets, vocab) {
+                    Ok((m, st)) => (m, Ok(st)),
+                    Err((m, e)) => (m, Err(e)),
+                };
+                self.model = Some(model);
+                sums.add(&policy?);
                 if self.critic.is_some() {
-                    match self.critic_step(rows, picked, targets) {
-                        Ok(st) => critic_sums.add(&st),
-                        Err(e) => {
-                            self.model = Some(model);
-                            return Err(e);
-                        }
-                    }
+                    critic_sums.add(&self.critic_step(rows, picked, targets)?);
                 }
             }
         }
-        self.model = Some(model);
         let stats = sums.mean();
         Ok(match self.critic {
             Some(_) => {
