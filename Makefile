@@ -154,9 +154,9 @@ python: $(PYENV)/installed
 # installed without dependency resolution:
 # - openenv: openenv-core's client and the few of its dependencies it
 #   imports (its server, web UI and CLI extras would add 330 MB), for
-#   ragen-host serve (host/cli/tests/serve.rs);
+#   ragen-host serve (host/cli/tests/all/serve.rs);
 # - oci: ORAS's Python SDK, the independent registry client of the
-#   push/pull interoperability test (host/cli/tests/oci.rs).
+#   push/pull interoperability test (host/cli/tests/all/oci.rs).
 target/%-venv/installed: tests/%/requirements.txt
 	rm -rf target/$*-venv
 	python3 -m venv target/$*-venv

@@ -1,7 +1,7 @@
 """Write gguf_blocks.json: random GGUF quantisation blocks and what the
 `gguf` Python package (llama.cpp's own reader) dequantises them to.
 
-ragen-llm's dequantisers are checked against it (host/llm/tests/gguf.rs), so
+ragen-llm's dequantisers are checked against it (host/llm/tests/all/gguf.rs), so
 the test needs no Python. Not part of CI. To re-make the fixture:
 
     python3 -m venv target/ref-venv

@@ -1,6 +1,6 @@
 """ORAS's Python SDK (PyPI `oras`) on a registry ragen-host uses: an
 independent client of the OCI distribution protocol, for the
-interoperability test in host/cli/tests/oci.rs.
+interoperability test in host/cli/tests/all/oci.rs.
 
     python oras_interop.py pull HOST:PORT/REPO:TAG OUTDIR
         pulls with oras-py; prints JSON: the file's sha256, the manifest,

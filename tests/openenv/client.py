@@ -1,6 +1,6 @@
 """Drive `ragen-host serve` with OpenEnv's own Python client (openenv-core).
 
-Run by host/cli/tests/serve.rs against a Sokoban server:
+Run by host/cli/tests/all/serve.rs against a Sokoban server:
 
     target/openenv-venv/bin/python tests/openenv/client.py --url http://127.0.0.1:PORT
 

@@ -2,9 +2,8 @@
 //! `eval --model` plays an env with free-text replies, a bad model file is
 //! refused with its name.
 
-mod common;
 
-use common::{model, plugin, ragen_host, scratch, text};
+use crate::common::{model, plugin, ragen_host, scratch, text};
 
 #[test]
 fn chat_answers_greedily_through_the_chat_template() {

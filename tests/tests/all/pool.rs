@@ -8,8 +8,7 @@ use ragen_runtime::{Action, ActionSpace, EnvPool, FailureKind, FaultKind, Plugin
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{faulty, loaded_example, shipped};
+use crate::common::{faulty, loaded_example, shipped};
 
 fn config(num_envs: usize, threads: usize, per_instance: usize) -> PoolConfig {
     PoolConfig { threads, envs_per_instance: per_instance, ..PoolConfig::new(num_envs) }

@@ -15,7 +15,6 @@ use ragen_policy::{AnswerGrammar, PluginTokenizer};
 use ragen_runtime::{ActionSpace, EnvSpec, LegendEntry, Limits, Plugin, ReportLimits, SandboxLimits};
 use std::sync::{Arc, OnceLock};
 
-mod common;
 
 /// Cases of the agent-loop property whose settings passed the bounds.
 static PLAYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -24,7 +23,7 @@ static PLAYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::
 /// settings. Loaded once.
 fn configurable() -> Arc<Plugin> {
     static PLUGIN: OnceLock<Arc<Plugin>> = OnceLock::new();
-    PLUGIN.get_or_init(|| common::faulty("configurable", SandboxLimits::default())).clone()
+    PLUGIN.get_or_init(|| crate::common::faulty("configurable", SandboxLimits::default())).clone()
 }
 
 /// Settings for it: counts and limits at and past every bound, text with

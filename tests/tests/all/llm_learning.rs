@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-mod common;
 
 type B = Autodiff<Flex>;
 
@@ -67,7 +66,7 @@ fn parameters<M: Module<Flex>>(module: &M) -> BTreeMap<ParamId, Vec<f32>> {
 }
 
 fn runner(config: &TrainConfig, settings: &[(String, String)]) -> RolloutRunner {
-    RolloutRunner::new(common::shipped("bandit"), settings, config.agent.rollout.clone(), config.agent.prompt.clone(), 2).unwrap()
+    RolloutRunner::new(crate::common::shipped("bandit"), settings, config.agent.rollout.clone(), config.agent.prompt.clone(), 2).unwrap()
 }
 
 #[test]

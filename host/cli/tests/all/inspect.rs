@@ -1,8 +1,7 @@
 //! `ragen-host inspect`, run as a user runs it.
 
-mod common;
 
-use common::{plugin, ragen_host, scratch};
+use crate::common::{plugin, ragen_host, scratch};
 use std::path::PathBuf;
 
 #[test]

@@ -4,9 +4,8 @@
 //! independent client, ORAS's Python SDK (`make oras-client`), reads what
 //! we push, and we read what it pushes.
 
-mod common;
 
-use common::{faulty, plugin, scratch, text};
+use crate::common::{faulty, plugin, scratch, text};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -331,7 +330,7 @@ fn base64(bytes: &[u8]) -> String {
 
 fn oras(args: &[&str]) -> serde_json::Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/oci/oras_interop.py");
-    let out = Command::new(common::venv_python("oci", "oras-client")).arg(script).args(args).output().unwrap();
+    let out = Command::new(crate::common::venv_python("oci", "oras-client")).arg(script).args(args).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
 }

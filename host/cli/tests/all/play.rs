@@ -1,8 +1,7 @@
 //! `ragen-host play`, driven through stdin as a person at a terminal would.
 
-mod common;
 
-use common::{play, plugin};
+use crate::common::{play, plugin};
 
 #[test]
 fn a_person_solves_a_fixed_sokoban_level() {

@@ -1,9 +1,8 @@
 //! `ragen-host validate` passes the shipped plugins and fails broken ones
 //! with a message naming the problem, without hanging or crashing.
 
-mod common;
 
-use common::{faulty, plugin, ragen_host, scratch, text};
+use crate::common::{faulty, plugin, ragen_host, scratch, text};
 use std::time::{Duration, Instant};
 
 #[test]

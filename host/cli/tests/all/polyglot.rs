@@ -2,9 +2,8 @@
 //! the guide's minimal examples in all three languages, go through the same
 //! commands as the Rust ones: `validate`, `play`, `bench`, `train`.
 
-mod common;
 
-use common::{example, plugin, ragen_host, scratch, text};
+use crate::common::{example, plugin, ragen_host, scratch, text};
 
 #[test]
 fn the_python_and_javascript_plugins_and_every_guide_example_pass_validate() {
@@ -23,7 +22,7 @@ fn the_python_and_javascript_plugins_and_every_guide_example_pass_validate() {
 
 fn play(file: &std::path::Path, args: &[&str], keys: &str) -> String {
     let args: Vec<&str> = std::iter::once(file.to_str().unwrap()).chain(args.iter().copied()).collect();
-    let (ok, screen) = common::play(&args, keys);
+    let (ok, screen) = crate::common::play(&args, keys);
     assert!(ok, "{screen}");
     screen
 }

@@ -7,7 +7,6 @@ use ragen_learner::{Learner, UpdateConfig};
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModelConfig, SamplingConfig};
 use std::time::Instant;
 
-mod common;
 
 type B = Autodiff<Flex>;
 
@@ -30,7 +29,7 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
         format_answer: String::new(),
     };
     let config = RolloutConfig { env_groups: 4, group_size: 8, enable_think: false, ..RolloutConfig::default() };
-    let runner = RolloutRunner::new(common::shipped("bandit"), &settings, config, templates, 2).unwrap();
+    let runner = RolloutRunner::new(crate::common::shipped("bandit"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
     let model =
@@ -68,7 +67,7 @@ fn the_kl_term_starts_at_zero_and_grows_as_the_policy_moves() {
         ..PromptTemplates::default()
     };
     let config = RolloutConfig { env_groups: 4, group_size: 8, enable_think: false, ..RolloutConfig::default() };
-    let runner = RolloutRunner::new(common::shipped("bandit"), &[], config, templates, 2).unwrap();
+    let runner = RolloutRunner::new(crate::common::shipped("bandit"), &[], config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
     let model =
@@ -101,7 +100,7 @@ fn frozenlake_batch(update: UpdateConfig) -> (Vec<Trajectory>, PluginTokenizer, 
     let config =
         RolloutConfig { env_groups: 4, group_size: 4, enable_think: false, max_actions_per_turn: Some(1), ..RolloutConfig::default() };
     let settings = vec![("is_slippery".to_string(), "false".to_string())];
-    let runner = RolloutRunner::new(common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
+    let runner = RolloutRunner::new(crate::common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
     let model =
@@ -157,7 +156,7 @@ fn with_a_context_window_the_learner_reads_exactly_what_each_reply_was_sampled_f
         ..RolloutConfig::default()
     };
     let settings = vec![("is_slippery".to_string(), "false".to_string())];
-    let runner = RolloutRunner::new(common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
+    let runner = RolloutRunner::new(crate::common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
     let model =

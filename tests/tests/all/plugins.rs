@@ -6,8 +6,7 @@
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
 use ragen_runtime::{ErrorKind, Plugin, PluginInstance};
 
-mod common;
-use common::{example, plugin};
+use crate::common::{example, plugin};
 
 fn load(name: &str) -> Plugin {
     Plugin::from_file(plugin(name)).unwrap_or_else(|e| panic!("{name}: {e:#}"))

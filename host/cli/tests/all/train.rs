@@ -4,9 +4,8 @@
 //! validated checkpoint is kept apart; SIGTERM stops a run with a
 //! checkpoint; a critic of its own is checkpointed and resumed with it.
 
-mod common;
 
-use common::{plugin, ragen_host, scratch, text, without_timings};
+use crate::common::{plugin, ragen_host, scratch, text, without_timings};
 use std::path::Path;
 
 const SMALL: &str = r#"

@@ -2,7 +2,7 @@
 //! parsed, actions executed through the pool, trajectories recorded.
 
 use anyhow::Result;
-use common::shipped;
+use crate::common::shipped;
 use ragen_agent::policies::RandomPolicy;
 use ragen_agent::{
     ByteTokenizer, Context, Policy, PromptTemplates, Response, Role, RolloutConfig, RolloutRunner, Tokenizer, read_jsonl, summarize,
@@ -10,7 +10,6 @@ use ragen_agent::{
 };
 use std::path::PathBuf;
 
-mod common;
 
 fn runner(name: &str, groups: usize, group_size: usize) -> RolloutRunner {
     let config = RolloutConfig { env_groups: groups, group_size, ..RolloutConfig::default() };

@@ -2,9 +2,8 @@
 //! ratio. The numbers are not asserted (shared machines are noisy); their
 //! presence and consistency are.
 
-mod common;
 
-use common::{plugin, ragen_host, text};
+use crate::common::{plugin, ragen_host, text};
 
 #[test]
 fn bench_reports_sandboxed_native_and_ratio() {

@@ -2,9 +2,8 @@
 //! (openenv-core from PyPI) plays Sokoban on it and its conformance checks
 //! pass, and SIGTERM with sessions in flight lets their calls finish.
 
-mod common;
 
-use common::{faulty, plugin, scratch};
+use crate::common::{faulty, plugin, scratch};
 use ragen_runtime::Plugin;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
@@ -64,7 +63,7 @@ impl Served {
 
 /// The virtualenv with openenv-core's client (`make openenv-client`).
 fn openenv_python() -> PathBuf {
-    common::venv_python("openenv", "openenv-client")
+    crate::common::venv_python("openenv", "openenv-client")
 }
 
 #[test]

@@ -1,8 +1,7 @@
 //! `ragen-host eval`: baselines on the reference's eval seeds.
 
-mod common;
 
-use common::{plugin, ragen_host, scratch, text};
+use crate::common::{plugin, ragen_host, scratch, text};
 
 fn eval_json(args: &[&str]) -> serde_json::Value {
     let out = ragen_host(&[&["eval"], args, &["--json"]].concat());

@@ -3,9 +3,8 @@
 //! bounded time, a message naming the problem, and nothing raw on the
 //! terminal.
 
-mod common;
 
-use common::{faulty, ragen_host, scratch, text};
+use crate::common::{faulty, ragen_host, scratch, text};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -67,7 +66,7 @@ fn control_sequences_from_a_plugin_never_reach_the_terminal() {
         // bench shows no plugin text but its name; the others show the escapes.
         assert!(args[0] == "bench" || all.contains("\\u{1b}"), "{}: the escape is shown, not dropped:\n{all}", args[0]);
     }
-    let (ok, shown) = common::play(&[file], "inc\nstay\x1b[31m\nquit\n");
+    let (ok, shown) = crate::common::play(&[file], "inc\nstay\x1b[31m\nquit\n");
     assert!(ok, "{shown}");
     no_raw_controls("play", &shown);
     // JSON stays JSON: serde's own escapes.

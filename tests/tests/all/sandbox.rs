@@ -3,9 +3,8 @@
 //! randomness is the same in every instance, and sleeping traps at once
 //! instead of holding the worker thread.
 
-mod common;
 
-use common::faulty;
+use crate::common::faulty;
 use ragen_runtime::{FaultKind, SandboxLimits};
 
 #[test]
@@ -38,7 +37,7 @@ fn a_plugin_reaching_outside_finds_nothing_and_cannot_sleep() {
 fn an_import_the_host_does_not_link_traps_only_if_called() {
     // The JS corridor built with fetch() kept: it imports wasi:http, which
     // the sandbox does not provide. It must load and play all the same.
-    let path = common::test_plugin("corridor-js-with-http");
+    let path = crate::common::test_plugin("corridor-js-with-http");
     let plugin = ragen_runtime::Plugin::from_file(&path).unwrap();
     assert!(plugin.imports().iter().any(|i| i.starts_with("wasi:http/")), "{:?}", plugin.imports());
     let mut inst = plugin.instantiate().unwrap();

@@ -4,9 +4,8 @@
 //! model's SHA-256; a resumed run continues exactly; another base file is
 //! refused; `eval --checkpoint` plays it.
 
-mod common;
 
-use common::{plugin, ragen_host, scratch, text, without_timings};
+use crate::common::{plugin, ragen_host, scratch, text, without_timings};
 use ragen_llm::Architecture;
 use ragen_test_fixtures::tiny_llm::Tiny;
 use safetensors::Dtype;
@@ -95,7 +94,7 @@ fn a_lora_run_checkpoints_its_adapters_resumes_exactly_and_refuses_another_base(
 
 /// Countdown's action is text: a pretrained model trains a step on it and
 /// eval plays the checkpoint. (That a parsed answer reaches the env as its
-/// action, and is scored, is `tests/tests/agent.rs`'s
+/// action, and is scored, is `tests/tests/all/agent.rs`'s
 /// `countdown_answers_reach_the_env_as_text`.)
 const COUNTDOWN: &str = r#"
 steps = 1

@@ -1,0 +1,18 @@
+//! The `ragen-host` binary's tests, one module per command or concern.
+//!
+//! One test binary for the crate (as wasmtime's `tests/all`): each binary
+//! links wasmtime and Burn, so one link instead of many.
+
+mod common;
+mod bench;
+mod eval;
+mod hostile;
+mod inspect;
+mod oci;
+mod play;
+mod polyglot;
+mod pretrained;
+mod serve;
+mod train;
+mod train_llm;
+mod validate;
