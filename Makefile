@@ -64,7 +64,9 @@ MODEL_FILE := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 # The Python package (python/): PyO3 and maturin, an abi3 wheel. Its build
 # and test tools live in a virtualenv under target/, pinned in
 # python/requirements-dev.txt. The wheel is built with the dev profile (the
-# one the tests use, so nothing is compiled twice) and stripped.
+# one the tests use) and stripped; ragen-workspace-hack gives it the
+# workspace's features, so nothing is compiled twice
+# (scripts/workspace-hack.py).
 PYENV := target/pyenv
 WHEEL_DIR := target/wheels
 
@@ -188,6 +190,7 @@ test: plugins test-plugins model python openenv-client oras-client
 # is a fraction of a build on 2 cores; CUDA needs no toolkit to check).
 lint:
 	$(CARGO) fmt --all --check
+	scripts/workspace-hack.py --check
 	$(CARGO) clippy --workspace --all-targets --features ragen-host/cuda -- -D warnings
 
 # The GPU backends are cargo features of ragen-host: build wgpu, then train

@@ -1,0 +1,2 @@
+//! Empty on purpose: this crate exists for its dependencies
+//! (see `scripts/workspace-hack.py`).
