@@ -85,14 +85,13 @@
 //! batched stepping for free.
 
 pub mod config;
-pub mod rng;
 pub mod types;
 
 mod checked;
 
 pub use checked::CheckedEnv;
 pub use config::Config;
-pub use rng::SeedRng;
+pub use ragen_rng::SeedRng;
 pub use types::*;
 
 /// An environment, written as plain Rust.

@@ -1,10 +1,14 @@
-//! Seeded randomness for environments.
+//! Seeded randomness, shared by the environment kit and the host.
 //!
 //! Plugins must be deterministic: the same seed gives the same episode on
 //! every machine, natively and inside the sandbox. ChaCha8 is portable (its
 //! output is specified, unlike `SmallRng`'s), and every draw below is integer
 //! arithmetic or an exactly representable float, so no platform can round
 //! differently.
+//!
+//! The host draws from the same stream (sampling, shuffling, the random
+//! policy, the conformance suite's seeds) without depending on the guest
+//! authoring kit; the kit re-exports [`SeedRng`] for plugin authors.
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
