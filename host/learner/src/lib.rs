@@ -10,9 +10,12 @@
 //! * [`trainee`]: what trains, the from-scratch transformer ([`Scratch`])
 //!   or a pretrained model with LoRA ([`Chat`]);
 //! * [`train`]: the run loop (rollouts, filter, update, validation, metrics,
-//!   checkpoints, resume).
+//!   checkpoints, resume);
+//! * [`checkpoint`]: what a run directory and a checkpoint hold on disk,
+//!   writing a checkpoint whole, finding the latest, loading it back.
 
 mod advantages;
+pub mod checkpoint;
 pub mod config;
 mod filter;
 pub mod loss;
@@ -23,10 +26,11 @@ pub mod trainee;
 mod update;
 
 pub use advantages::{Estimator, SequenceInput, gae, grpo};
+pub use checkpoint::{BaseModel, CheckpointInfo, RunDir, find_checkpoint, load_trained};
 pub use config::{Algo, CriticSection, PluginRecord, Positions, SamplingSection, TrainConfig};
 pub use filter::RolloutFilter;
 pub use metrics::{StepMetrics, read_metrics};
-pub use run::{CheckpointInfo, build_learner, find_checkpoint, load_trained, train};
+pub use run::{build_learner, train};
 pub use schedule::{Decay, LrSchedule};
-pub use trainee::{BaseModel, Chat, Scratch, Trainee};
+pub use trainee::{Chat, Scratch, Trainee};
 pub use update::{Learner, UpdateConfig, UpdateStats};

@@ -1,5 +1,6 @@
 //! A training run: rollouts, the variance filter, updates, validation,
-//! metrics and checkpoints, resumable exactly.
+//! metrics and checkpoints (their format is [`crate::checkpoint`]'s),
+//! resumable exactly.
 //!
 //! Everything random derives from `(seed, step)`: the group seeds of step
 //! `s`, the policy's sampling stream at step `s`, the validation sampling.
@@ -7,85 +8,22 @@
 //! never stopped, and the same config and seed give the same metrics on the
 //! same backend.
 
+use crate::checkpoint::{self, BaseModel, CheckpointState, RunDir};
 use crate::config::TrainConfig;
 use crate::filter::{RolloutFilter, std};
 use crate::metrics::{StepMetrics, read_metrics};
 use crate::schedule::LrSchedule;
-use crate::trainee::{BaseModel, Chat, Scratch, Trainee};
+use crate::trainee::{Chat, Scratch, Trainee};
 use crate::update::{Learner, UpdateStats};
 use anyhow::{Context, Result, bail};
 use ragen_agent::{Policy, RolloutConfig, RolloutRunner, Trajectory, summarize};
 use ragen_policy::PluginTokenizer;
 use ragen_policy::TrainBackend;
 use ragen_runtime::{EnvSpec, Plugin, next_seed};
-use serde::{Deserialize, Serialize};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// What the checkpoint remembers besides the weights (`state.json`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct CheckpointState {
-    /// Steps completed.
-    step: u64,
-    /// Validation success of the weights, when they were validated
-    /// (always, in `checkpoint-best/`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    val_success: Option<f64>,
-    /// The pretrained model the weights build on (its adapters, with
-    /// LoRA, mean nothing on another).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    base_model: Option<BaseModel>,
-}
-
-impl CheckpointState {
-    fn read(dir: &Path) -> Result<Self> {
-        let file = dir.join("state.json");
-        let text = std::fs::read_to_string(&file).with_context(|| format!("no checkpoint in `{}` (no state.json)", dir.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("the checkpoint's `{}` is damaged", file.display()))
-    }
-}
-
-/// Which checkpoint [`load_policy`] read.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CheckpointInfo {
-    pub dir: PathBuf,
-    /// Training steps it had completed.
-    pub step: u64,
-    /// Its validation success, if it was validated.
-    pub val_success: Option<f64>,
-}
-
-impl std::fmt::Display for CheckpointInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "`{}` (after step {}", self.dir.display(), self.step)?;
-        match self.val_success {
-            Some(v) => write!(f, ", validation success {:.1}%)", 100.0 * v),
-            None => write!(f, ")"),
-        }
-    }
-}
-
-/// Files of a run directory.
-pub struct RunDir(pub PathBuf);
-
-impl RunDir {
-    pub fn config(&self) -> PathBuf {
-        self.0.join("config.toml")
-    }
-    pub fn metrics(&self) -> PathBuf {
-        self.0.join("metrics.jsonl")
-    }
-    /// The latest checkpoint, which `--resume` continues from.
-    pub fn checkpoint(&self) -> PathBuf {
-        self.0.join("checkpoint")
-    }
-    /// The checkpoint with the best validation success so far.
-    pub fn best(&self) -> PathBuf {
-        self.0.join("checkpoint-best")
-    }
-}
 
 /// The group seeds of a step: a deterministic stream from the run seed.
 fn group_seeds(seed: u64, step: u64, groups: usize) -> Vec<u64> {
@@ -178,14 +116,14 @@ fn drive<B: TrainBackend, T: Trainee<B>>(
             && run.best.is_none_or(|best| v > best)
         {
             run.best = Some(v);
-            save_checkpoint(&run.learner, &run.dir.best(), run.state(step + 1, Some(v)))?;
+            checkpoint::save(&run.learner, &run.dir.best(), &run.state(step + 1, Some(v)))?;
         }
         run.history.push(m);
 
         let stopping = stop.load(Ordering::SeqCst);
         let last = step + 1 == config.steps;
         if (step + 1) % config.save_freq.max(1) == 0 || last || stopping || skipped_in_a_row >= 3 || failing.is_some() {
-            save_checkpoint(&run.learner, &run.dir.checkpoint(), run.state(step + 1, None))?;
+            checkpoint::save(&run.learner, &run.dir.checkpoint(), &run.state(step + 1, None))?;
         }
         if let Some(why) = failing {
             bail!(
@@ -270,28 +208,15 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     /// Load the checkpoint and the metrics of the steps it covers; returns
     /// the first step still to run.
     fn resume(&mut self) -> Result<u64> {
-        let state = CheckpointState::read(&self.dir.checkpoint()).with_context(|| format!("cannot resume `{}`", self.dir.0.display()))?;
-        if let (Some(then), Some(now)) = (&state.base_model, &self.base) {
-            then.ensure_same(now, "resume", &self.dir.0)?;
-        }
-        self.learner.load(&self.dir.checkpoint())?;
-        // The best so far, unless it came from steps about to be replayed
-        // (a crash after it and before the next regular checkpoint): the
-        // replay validates them again.
-        if let Ok(best) = CheckpointState::read(&self.dir.best()) {
-            if best.step <= state.step {
-                self.best = best.val_success;
-            } else {
-                std::fs::remove_dir_all(self.dir.best()).context("cannot remove a best checkpoint newer than the one resumed")?;
-            }
-        }
+        let resumed = checkpoint::resume(&self.dir, &mut self.learner, self.base.as_ref())?;
+        self.best = resumed.best;
         if self.dir.metrics().exists() {
-            self.history = read_metrics(&self.dir.metrics())?.into_iter().filter(|m| m.step < state.step).collect();
+            self.history = read_metrics(&self.dir.metrics())?.into_iter().filter(|m| m.step < resumed.step).collect();
         }
         for m in &self.history {
             self.alarm.check(m.reward_std_before_filter, m.entropy, m.success);
         }
-        Ok(state.step)
+        Ok(resumed.step)
     }
 
     /// Write `config.toml`, and `metrics.jsonl` anew with the steps already
@@ -404,28 +329,6 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     }
 }
 
-/// Write the checkpoint `target` beside the old one, then swap, so a crash
-/// or a full disk mid-write never leaves a damaged checkpoint in place.
-fn save_checkpoint<B, M>(learner: &Learner<B, M>, target: &Path, state: CheckpointState) -> Result<()>
-where
-    B: TrainBackend,
-    M: ragen_policy::PolicyNetwork<B> + burn::module::AutodiffModule<B, InnerModule: ragen_policy::PolicyNetwork<B::InnerBackend>>,
-{
-    let tmp = target.with_extension("tmp");
-    let old = target.with_extension("old");
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create `{}`", tmp.display()))?;
-    learner.save(&tmp)?;
-    std::fs::write(tmp.join("state.json"), serde_json::to_string(&state)?).context("cannot write state.json")?;
-    let _ = std::fs::remove_dir_all(&old);
-    if target.exists() {
-        std::fs::rename(target, &old).context("cannot move the previous checkpoint aside")?;
-    }
-    std::fs::rename(&tmp, target).context("cannot put the new checkpoint in place")?;
-    let _ = std::fs::remove_dir_all(&old);
-    Ok(())
-}
-
 /// The tokenizer, grammar, model and learner a config describes for an env
 /// (freshly initialised; training and evaluation share this).
 pub fn build_learner<B: TrainBackend>(
@@ -435,62 +338,4 @@ pub fn build_learner<B: TrainBackend>(
 ) -> Result<(Learner<B>, PluginTokenizer)> {
     let (scratch, learner) = Scratch::build::<B>(config, spec, device)?;
     Ok((learner, scratch.tokenizer))
-}
-
-/// The run directory and the checkpoint that `path` names: a run directory
-/// (its `checkpoint-best/` when validation kept one, else its latest
-/// `checkpoint/`) or one checkpoint directory inside a run.
-pub fn find_checkpoint(path: &Path) -> Result<(RunDir, PathBuf)> {
-    if path.join("state.json").exists() {
-        let run = path.parent().filter(|p| p.join("config.toml").exists()).with_context(|| {
-            format!("`{}` is a checkpoint, but the folder above it has no config.toml: pass the run directory", path.display())
-        })?;
-        return Ok((RunDir(run.to_path_buf()), path.to_path_buf()));
-    }
-    let run = RunDir(path.to_path_buf());
-    let best = run.best();
-    let checkpoint = if best.join("state.json").exists() { best } else { run.checkpoint() };
-    Ok((run, checkpoint))
-}
-
-/// A trained policy for evaluation from `path` (see [`find_checkpoint`]),
-/// sampling from `seed` at `temperature` (`None`: the run's validation
-/// temperature), the run's config, and which checkpoint it read. A
-/// pretrained model's checkpoint is refused on another model file than the
-/// one it was trained on.
-pub fn load_trained<B: TrainBackend>(
-    path: &Path,
-    spec: &ragen_runtime::EnvSpec,
-    device: B::Device,
-    seed: u64,
-    temperature: Option<f32>,
-) -> Result<(Box<dyn Policy>, TrainConfig, CheckpointInfo)> {
-    let (run, checkpoint) = find_checkpoint(path)?;
-    let config = TrainConfig::load(&run.config())?;
-    let state = CheckpointState::read(&checkpoint)?;
-    let temperature = temperature.unwrap_or(config.sampling.val_temperature as f32);
-    let policy = match &config.model_path {
-        None => loaded(Scratch::build::<B>(&config, spec, device.clone())?, &checkpoint, temperature, seed, &device)?,
-        Some(model) => {
-            if let Some(then) = &state.base_model {
-                then.ensure_same(&BaseModel::of(model)?, "evaluate", &checkpoint)?;
-            }
-            loaded(Chat::build::<B>(&config, model, device.clone())?, &checkpoint, temperature, seed, &device)?
-        }
-    };
-    let info = CheckpointInfo { dir: checkpoint, step: state.step, val_success: state.val_success };
-    Ok((policy, config, info))
-}
-
-/// The policy of a freshly built trainee and learner once `checkpoint` is
-/// loaded into it.
-fn loaded<B: TrainBackend, T: Trainee<B>>(
-    (trainee, mut learner): (T, Learner<B, T::Net>),
-    checkpoint: &Path,
-    temperature: f32,
-    seed: u64,
-    device: &B::Device,
-) -> Result<Box<dyn Policy>> {
-    learner.load_weights(checkpoint)?;
-    Ok(trainee.policy(learner.policy_model(), temperature, seed, device))
 }

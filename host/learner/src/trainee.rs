@@ -10,7 +10,7 @@
 
 use crate::config::TrainConfig;
 use crate::update::Learner;
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use burn::module::AutodiffModule;
 use ragen_agent::{Policy, Tokenizer};
 use ragen_llm::{Llm, LlmConfig, LlmPolicy, LlmSampling, Pretrained};
@@ -99,40 +99,6 @@ pub struct Chat {
     batch: usize,
 }
 
-/// The model file a run trains, and its SHA-256: a checkpoint of adapters
-/// is only meaningful on the base it was trained from.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct BaseModel {
-    pub path: PathBuf,
-    pub sha256: String,
-}
-
-impl BaseModel {
-    /// The file's hash; for a Hugging Face directory, the hash of the
-    /// lines `name sha256` of its weights, config and tokenizer files in
-    /// name order.
-    pub fn of(path: &Path) -> Result<Self> {
-        let sha256 = if path.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-                .with_context(|| format!("cannot list `{}`", path.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "safetensors" || e == "json"))
-                .collect();
-            files.sort();
-            use sha2::{Digest, Sha256};
-            let mut lines = String::new();
-            for f in &files {
-                let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                lines += &format!("{name} {}\n", ragen_llm::sha256_file(f)?);
-            }
-            Sha256::digest(lines.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
-        } else {
-            ragen_llm::sha256_file(path)?
-        };
-        Ok(Self { path: path.to_path_buf(), sha256 })
-    }
-}
-
 impl Chat {
     /// Load the model `path` names, add the value head and the adapters of
     /// `config.lora`, and build its learner (no grammar: replies are free).
@@ -163,24 +129,6 @@ impl Chat {
         }
         let batch = config.sampling.batch.max(1);
         Ok((Self { config: llm_config, path, chat, max_new_tokens, batch }, learner))
-    }
-}
-
-impl BaseModel {
-    /// Refuse `now` unless it is the file `self` recorded, the base of the
-    /// run or checkpoint `subject` that is to be `verb`ed ("resume").
-    pub fn ensure_same(&self, now: &BaseModel, verb: &str, subject: &Path) -> Result<()> {
-        ensure!(
-            self.sha256 == now.sha256,
-            "cannot {verb} `{}`: it was trained on `{}` (SHA-256 {}), but `{}` is now another file (SHA-256 {}); \
-             {verb} with the model it was trained on",
-            subject.display(),
-            self.path.display(),
-            self.sha256,
-            now.path.display(),
-            now.sha256
-        );
-        Ok(())
     }
 }
 

@@ -19,12 +19,11 @@
 
 use crate::advantages::{Estimator, SequenceInput};
 use crate::loss::{Clip, kl_to_reference, masked_mean, policy_loss, value_loss};
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::{Tokenizer, Trajectory};
@@ -181,10 +180,11 @@ struct Row<'a> {
 }
 
 /// The value network when it is a model of its own (`[critic]`), with
-/// its own optimiser; only its value head's output is read.
-struct Critic<B: AutodiffBackend, M: AutodiffModule<B>> {
-    model: Option<M>,
-    optimizer: OptimizerAdaptor<AdamW, M, B>,
+/// its own optimiser; only its value head's output is read. The fields
+/// are the crate's for [`crate::checkpoint`], which writes and reads them.
+pub(crate) struct Critic<B: AutodiffBackend, M: AutodiffModule<B>> {
+    pub(crate) model: Option<M>,
+    pub(crate) optimizer: OptimizerAdaptor<AdamW, M, B>,
     /// Its learning rate as a multiple of the policy's.
     lr_scale: f64,
 }
@@ -193,17 +193,20 @@ struct Critic<B: AutodiffBackend, M: AutodiffModule<B>> {
 /// default), its optimiser, its critic when that is a network of its own,
 /// and the grammar its replies obey, if any (a pretrained model writes
 /// free text).
+///
+/// What a checkpoint holds of it is [`crate::checkpoint`]'s: the fields it
+/// writes and reads are the crate's.
 pub struct Learner<B: AutodiffBackend, M: AutodiffModule<B> = PolicyModel<B>> {
-    model: Option<M>,
+    pub(crate) model: Option<M>,
     /// `None`: the critic is the value head on `model`'s trunk.
-    critic: Option<Critic<B, M>>,
+    pub(crate) critic: Option<Critic<B, M>>,
     /// The frozen initial policy the KL term pulls towards (only kept when
     /// `kl_coef` is not 0).
-    reference: Option<M::InnerModule>,
-    optimizer: OptimizerAdaptor<AdamW, M, B>,
+    pub(crate) reference: Option<M::InnerModule>,
+    pub(crate) optimizer: OptimizerAdaptor<AdamW, M, B>,
     grammar: Option<AnswerGrammar>,
     config: UpdateConfig,
-    device: B::Device,
+    pub(crate) device: B::Device,
 }
 
 impl<B, M> Learner<B, M>
@@ -244,59 +247,23 @@ where
         self.model.as_ref().expect("the model is only taken during a step")
     }
 
-    /// Write the model and the optimiser state into `dir` (which exists).
+    /// Write the learner's files of a checkpoint into `dir` (which exists):
+    /// the model, the optimiser's state, the reference and the critic, as
+    /// [`crate::checkpoint`] lays them out.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
-        self.model().save_weights(&dir.join("model")).context("cannot write the model")?;
-        recorder.record(self.optimizer.to_record(), dir.join("optimizer")).context("cannot write the optimizer state")?;
-        if let Some(reference) = &self.reference {
-            reference.save_weights(&dir.join("reference")).context("cannot write the reference model")?;
-        }
-        if let Some(critic) = &self.critic {
-            let model = critic.model.as_ref().expect("the critic is only taken during a step");
-            model.save_weights(&dir.join("critic")).context("cannot write the critic")?;
-            recorder
-                .record(critic.optimizer.to_record(), dir.join("critic-optimizer"))
-                .context("cannot write the critic's optimizer state")?;
-        }
-        Ok(())
+        crate::checkpoint::write_learner(self, dir)
     }
 
-    /// Restore what [`Learner::save`] wrote, to continue training.
+    /// Restore what [`Learner::save`] wrote, to continue training exactly.
     pub fn load(&mut self, dir: &Path) -> Result<()> {
-        self.load_weights(dir)?;
-        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
-        let record = recorder
-            .load(dir.join("optimizer"), &self.device)
-            .with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
-        self.optimizer = self.optimizer.clone().load_record(record);
-        if let Some(reference) = self.reference.take() {
-            self.reference =
-                Some(reference.load_weights(&dir.join("reference"), &self.device).context("cannot read the checkpoint's reference model")?);
-        }
-        if let Some(critic) = self.critic.as_mut() {
-            let missing = || {
-                format!(
-                    "cannot read the checkpoint's critic from `{}`: a run configured with [critic] resumes only from a \
-                     checkpoint that has one (resume with the config the run was trained with)",
-                    dir.display()
-                )
-            };
-            let model = critic.model.take().expect("critic present");
-            critic.model = Some(model.load_weights(&dir.join("critic"), &self.device).with_context(missing)?);
-            let record = recorder.load(dir.join("critic-optimizer"), &self.device).with_context(missing)?;
-            critic.optimizer = critic.optimizer.clone().load_record(record);
-        }
-        Ok(())
+        crate::checkpoint::read_learner(self, dir)
     }
 
     /// Restore only the trained weights [`Learner::save`] wrote, to play
     /// them: the optimizer's state (twice the weights under full
     /// fine-tuning) and the reference stay unread.
     pub fn load_weights(&mut self, dir: &Path) -> Result<()> {
-        let model = self.model.take().expect("model present");
-        self.model = Some(model.load_weights(&dir.join("model"), &self.device).context("cannot read the checkpoint's model")?);
-        Ok(())
+        crate::checkpoint::read_weights(self, dir)
     }
 
     /// One update on `batch` (already filtered): `epochs` passes over it,

@@ -1,8 +1,14 @@
-//! A pretrained model's speed and memory on one machine: prefill, batched
+//! The measurements behind `ragen-host bench --policy --model`: a
+//! pretrained model's speed and memory on one machine (prefill, batched
 //! KV-cache sampling and training forward+backward, in tokens per second,
-//! and the process's peak resident memory. `ragen-host bench --policy
-//! --model` reports it; `scripts/reference/llm_bench.py` measures PyTorch
-//! `transformers` on the same shapes, for the ratio.
+//! and the process's peak resident memory).
+//! `scripts/reference/llm_bench.py` measures PyTorch `transformers` on the
+//! same shapes, for the ratio.
+//!
+//! Public API because a shipped command is built on it: the CLI makes the
+//! prompts from a plugin through the model's chat template, calls
+//! [`bench_llm`] and prints its [`LlmBenchReport`] (as text, or as JSON
+//! with `--json`).
 
 use crate::model::Llm;
 use crate::policy::StopRule;
@@ -103,7 +109,7 @@ pub fn bench_llm<B: ragen_policy::TrainBackend>(model: &Llm<B>, config: &LlmBenc
 }
 
 /// `VmHWM` from `/proc/self/status`, in MiB.
-pub fn peak_rss_mib() -> Option<f64> {
+fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;

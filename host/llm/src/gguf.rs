@@ -10,16 +10,22 @@
 //! check them against the `gguf` Python package's dequantiser on a fixture
 //! (`scripts/reference/gguf_blocks.json`).
 //!
-//! A [`GgufWriter`] writes the same format (F32, F16, Q8_0 and Q4_1), so the
-//! loading tests can make tiny models without downloading any.
+//! Reading is all the library does. The tests write tiny models in the same
+//! format with the writer of `ragen-test-fixtures` (its `gguf_writer`),
+//! which takes the format's constants from here ([`MAGIC`],
+//! [`DEFAULT_ALIGNMENT`], [`TensorType::id`]) so that writer and reader
+//! agree.
 
 use anyhow::{Context, Result, bail, ensure};
 use half::{bf16, f16};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-const MAGIC: &[u8; 4] = b"GGUF";
-const DEFAULT_ALIGNMENT: u64 = 32;
+/// The four bytes a GGUF file starts with.
+pub const MAGIC: &[u8; 4] = b"GGUF";
+/// The alignment, in bytes, of the data section and of each tensor's bytes
+/// in it, unless the metadata's `general.alignment` sets another.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// A metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -93,7 +99,9 @@ impl TensorType {
         })
     }
 
-    fn id(self) -> u32 {
+    /// ggml's number for the type, as a tensor's entry in the file's
+    /// directory stores it.
+    pub fn id(self) -> u32 {
         match self {
             Self::F32 => 0,
             Self::F16 => 1,
@@ -418,177 +426,5 @@ fn dequantize_q6k(block: &[u8], out: &mut Vec<f32>) {
             y[l + 96] = d * sc[is + 6] * q4 as f32;
         }
         out.extend_from_slice(&y);
-    }
-}
-
-/// `f32` values quantised to `kind` (F32, F16, Q8_0 or Q4_1), as llama.cpp's
-/// reference quantisers do.
-pub fn quantize(kind: TensorType, values: &[f32]) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    match kind {
-        TensorType::F32 => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
-        TensorType::F16 => values.iter().for_each(|v| out.extend(f16::from_f32(*v).to_le_bytes())),
-        TensorType::Q8_0 | TensorType::Q4_1 => {
-            ensure!(values.len().is_multiple_of(32), "{kind:?} needs a multiple of 32 values, not {}", values.len());
-            for block in values.chunks_exact(32) {
-                if kind == TensorType::Q8_0 {
-                    let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
-                    let d = amax / 127.0;
-                    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-                    out.extend(f16::from_f32(d).to_le_bytes());
-                    out.extend(block.iter().map(|v| (v * inv).round() as i8 as u8));
-                } else {
-                    let min = block.iter().copied().fold(f32::INFINITY, f32::min);
-                    let max = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let d = (max - min) / 15.0;
-                    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-                    out.extend(f16::from_f32(d).to_le_bytes());
-                    out.extend(f16::from_f32(min).to_le_bytes());
-                    let q = |v: f32| (((v - min) * inv + 0.5) as u8).min(15);
-                    out.extend((0..16).map(|j| q(block[j]) | (q(block[j + 16]) << 4)));
-                }
-            }
-        }
-        other => bail!("writing {other:?} is not supported (F32, F16, Q8_0 and Q4_1 are)"),
-    }
-    Ok(out)
-}
-
-/// Writes a GGUF (version 3) file: metadata, then tensors.
-#[derive(Default)]
-pub struct GgufWriter {
-    metadata: Vec<(String, Value)>,
-    /// Name, ggml dimensions, ggml type id, bytes.
-    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
-}
-
-impl GgufWriter {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn meta(&mut self, key: &str, value: Value) -> &mut Self {
-        self.metadata.push((key.to_string(), value));
-        self
-    }
-
-    /// A tensor of row-major `shape`, stored as `kind`.
-    pub fn tensor(&mut self, name: &str, shape: &[usize], kind: TensorType, values: &[f32]) -> Result<&mut Self> {
-        ensure!(shape.iter().product::<usize>() == values.len(), "tensor {name:?}: shape {shape:?} does not hold {} values", values.len());
-        let dims = shape.iter().rev().map(|&d| d as u64).collect();
-        self.tensors.push((name.to_string(), dims, kind.id(), quantize(kind, values)?));
-        Ok(self)
-    }
-
-    /// Drop a tensor (to make a damaged file in a test).
-    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
-        self.tensors.retain(|t| t.0 != name);
-        self
-    }
-
-    /// Relabel a tensor's type id, bytes unchanged (to make a damaged file
-    /// in a test).
-    pub fn retype_tensor(&mut self, name: &str, type_id: u32) -> &mut Self {
-        self.tensors.iter_mut().filter(|t| t.0 == name).for_each(|t| t.2 = type_id);
-        self
-    }
-
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend(MAGIC);
-        out.extend(3u32.to_le_bytes());
-        out.extend((self.tensors.len() as u64).to_le_bytes());
-        out.extend((self.metadata.len() as u64).to_le_bytes());
-        for (key, value) in &self.metadata {
-            write_string(&mut out, key);
-            write_value(&mut out, value, true);
-        }
-        let mut offset = 0u64;
-        for (name, dims, kind, data) in &self.tensors {
-            write_string(&mut out, name);
-            out.extend((dims.len() as u32).to_le_bytes());
-            dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
-            out.extend(kind.to_le_bytes());
-            out.extend(offset.to_le_bytes());
-            offset = (offset + data.len() as u64).div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
-        }
-        for (_, _, _, data) in &self.tensors {
-            out.resize(out.len().div_ceil(DEFAULT_ALIGNMENT as usize) * DEFAULT_ALIGNMENT as usize, 0);
-            out.extend(data);
-        }
-        out
-    }
-}
-
-fn write_string(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
-/// Integers are written as u32/i32 (GGUF's usual choice), floats as f32.
-fn write_value(out: &mut Vec<u8>, value: &Value, with_type: bool) {
-    let kind: u32 = match value {
-        Value::U64(_) => 4,
-        Value::I64(_) => 5,
-        Value::F64(_) => 6,
-        Value::Bool(_) => 7,
-        Value::Str(_) => 8,
-        Value::Array(_) => 9,
-    };
-    if with_type {
-        out.extend(kind.to_le_bytes());
-    }
-    match value {
-        Value::U64(v) => out.extend((*v as u32).to_le_bytes()),
-        Value::I64(v) => out.extend((*v as i32).to_le_bytes()),
-        Value::F64(v) => out.extend((*v as f32).to_le_bytes()),
-        Value::Bool(v) => out.push(*v as u8),
-        Value::Str(s) => write_string(out, s),
-        Value::Array(items) => {
-            let inner = items.first().map_or(8, |first| match first {
-                Value::U64(_) => 4,
-                Value::I64(_) => 5,
-                Value::F64(_) => 6,
-                Value::Bool(_) => 7,
-                Value::Str(_) => 8,
-                Value::Array(_) => 9,
-            });
-            out.extend((inner as u32).to_le_bytes());
-            out.extend((items.len() as u64).to_le_bytes());
-            items.iter().for_each(|item| write_value(out, item, false));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn q8_0_and_q4_1_round_trip_within_their_step() {
-        let values: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 30.0) / 17.0).collect();
-        for (kind, step) in [(TensorType::Q8_0, 3.6 / 127.0), (TensorType::Q4_1, 3.8 / 15.0)] {
-            let back = dequantize(kind, &quantize(kind, &values).unwrap(), values.len());
-            for (a, b) in values.iter().zip(&back) {
-                assert!((a - b).abs() <= step * 0.51 + 1e-3, "{kind:?}: {a} came back as {b}");
-            }
-        }
-    }
-
-    #[test]
-    fn a_written_file_reads_back() {
-        let mut w = GgufWriter::new();
-        w.meta("general.architecture", Value::Str("llama".into()))
-            .meta("llama.block_count", Value::U64(2))
-            .meta("tokenizer.ggml.tokens", Value::Array(vec![Value::Str("a".into()), Value::Str("b".into())]));
-        let values: Vec<f32> = (0..96).map(|i| i as f32 / 10.0).collect();
-        w.tensor("w", &[3, 32], TensorType::F32, &values).unwrap();
-        w.tensor("q", &[3, 32], TensorType::Q8_0, &values).unwrap();
-        let g = Gguf::parse(Path::new("test.gguf"), w.to_bytes()).unwrap();
-        assert_eq!(g.get("llama.block_count").and_then(Value::as_u64), Some(2));
-        assert_eq!(g.tensors["w"].shape(), vec![3, 32]);
-        assert_eq!(g.tensor_f32("w").unwrap(), values);
-        let q = g.tensor_f32("q").unwrap();
-        assert!(q.iter().zip(&values).all(|(a, b)| (a - b).abs() < 0.05));
     }
 }

@@ -12,6 +12,7 @@
 //! * [`LlmPolicy`] puts them behind the agent loop's `Policy` seam: the
 //!   conversation goes through the chat template, the reply follows the
 //!   pre-fill, and sampling stops at the end-of-turn token or `</answer>`.
+//! * [`bench_llm`] is what `ragen-host bench --policy --model` measures.
 //!
 //! # Examples
 //!

@@ -1,7 +1,15 @@
-//! The policy's own speed, on whatever backend it runs: training throughput
-//! (forward plus backward) and sampling throughput with and without the KV
-//! cache, on prompts of a given length. `ragen-host bench --policy` reports
-//! these; they say where a training step's time goes.
+//! The measurements behind `ragen-host bench --policy`: the policy's own
+//! speed on whatever backend it runs, training throughput (forward plus
+//! backward) and sampling throughput with and without the KV cache, on
+//! prompts of a given length. They say where a training step's time goes.
+//!
+//! Public API because a shipped command is built on it: the CLI makes the
+//! prompts from a plugin, calls [`bench_policy`] and prints its
+//! [`PolicyBenchReport`] (as text, or as JSON with `--json`).
+//! [`next_token_pass`] is public for the other bench command, `bench
+//! --policy --model` (`ragen-llm`'s), which times a pretrained model's
+//! training passes the same way; the PyTorch twins in `scripts/reference/`
+//! time the same shapes.
 
 use crate::grammar::AnswerGrammar;
 use crate::model::PolicyModel;

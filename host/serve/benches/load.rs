@@ -12,8 +12,8 @@
 
 use anyhow::{Context, Result, bail};
 use ragen_runtime::Plugin;
-use ragen_serve::load::{self, Schedule};
 use ragen_serve::{ServeConfig, Server};
+use ragen_test_fixtures::serve_load::{self as load, Schedule};
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -39,7 +39,8 @@
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //!     let addr = listener.local_addr()?;
 //!     let serving = tokio::spawn(server.serve(listener));
-//!     let mut session = ragen_serve::load::Client::connect(addr, None).await?;
+//!     // Any WebSocket client speaks the frames; this is the tests' own.
+//!     let mut session = ragen_test_fixtures::serve_load::Client::connect(addr, None).await?;
 //!     let first = session.reset(3).await?;
 //!     assert_eq!(first["type"], "observation");
 //!     let pulled = session.step(serde_json::json!(0)).await?;
@@ -52,7 +53,6 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
-pub mod load;
 mod metrics;
 pub mod protocol;
 mod routes;

@@ -4,8 +4,8 @@
 //! graceful shutdown with calls in flight).
 
 use ragen_runtime::{Plugin, SandboxLimits};
-use ragen_serve::load::{self, Client, Schedule};
 use ragen_serve::{CancellationToken, ServeConfig, Server};
+use ragen_test_fixtures::serve_load::{self as load, Client, Schedule};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::Path;

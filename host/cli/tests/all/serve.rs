@@ -115,7 +115,8 @@ fn openenv_python_client_plays_sokoban_and_its_checks_pass() {
 fn sigterm_lets_in_flight_calls_finish() {
     let served = Served::start("sigterm", &faulty("slow-reset"), &["--max-sessions", "4", "--threads", "2"]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let outcomes = runtime.block_on(ragen_serve::load::resets_in_flight_then(served.addr, 3, 1, || served.terminate())).unwrap();
+    let outcomes =
+        runtime.block_on(ragen_test_fixtures::serve_load::resets_in_flight_then(served.addr, 3, 1, || served.terminate())).unwrap();
     for (reply, closed) in outcomes {
         assert_eq!(reply["type"], "observation", "the in-flight reset is answered: {reply}");
         assert_eq!(closed, Some(1001), "then the session closes with 1001");

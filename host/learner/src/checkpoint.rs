@@ -1,0 +1,529 @@
+//! The checkpoint: what a run leaves on disk to be resumed or evaluated,
+//! how it is written so that it is either whole or absent, how the latest
+//! is found, and how it is loaded back. No other module knows a file name.
+//!
+//! A run directory (`ragen-host train --out RUN`):
+//!
+//! ```text
+//! RUN/
+//!   config.toml        the run's config (evaluation rebuilds the model from it)
+//!   metrics.jsonl      one `StepMetrics` a line
+//!   checkpoint/        the latest checkpoint: what `--resume` continues
+//!   checkpoint-best/   the one with the best validation success so far:
+//!                      what `eval --checkpoint RUN` reads
+//! ```
+//!
+//! A checkpoint directory (Burn's binary records; the recorder adds `.bin`):
+//!
+//! ```text
+//! state.json            steps done, the validation success when validated,
+//!                       the pretrained model it builds on (path, SHA-256)
+//! model.bin             the policy's trained weights (with LoRA, only the
+//!                       adapters and the value head: the base is pinned)
+//! optimizer.bin         the policy's AdamW state
+//! reference.bin         the frozen reference the KL term pulls towards
+//!                       (only when `kl_coef` is not 0)
+//! critic.bin            a critic of its own (only with `[critic]`)
+//! critic-optimizer.bin  the critic's AdamW state
+//! ```
+//!
+//! Resume reads every file, so the resumed run continues exactly;
+//! evaluation reads `state.json` and `model.bin` only.
+//!
+//! A checkpoint `NAME/` is written whole or not at all: its files go into
+//! `NAME.tmp/` beside it and are flushed to disk, `state.json` last (a
+//! directory is a checkpoint only once it has one); then the previous
+//! checkpoint moves to `NAME.old/`, the new one is renamed to `NAME/`, and
+//! `NAME.old/` is removed. A crash or a full disk at any point leaves
+//! `NAME/` whole, or, between the two renames, `NAME.old/`, which
+//! [`find_checkpoint`] and resume then take instead.
+
+use crate::config::TrainConfig;
+use crate::trainee::{Chat, Scratch, Trainee};
+use crate::update::Learner;
+use anyhow::{Context, Result, ensure};
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
+use burn::tensor::backend::AutodiffBackend;
+use ragen_agent::Policy;
+use ragen_policy::{PolicyNetwork, TrainBackend};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// What a checkpoint remembers besides the weights.
+const STATE: &str = "state.json";
+/// The policy's weights (Burn's recorder adds `.bin` to each record).
+const MODEL: &str = "model";
+const OPTIMIZER: &str = "optimizer";
+const REFERENCE: &str = "reference";
+const CRITIC: &str = "critic";
+const CRITIC_OPTIMIZER: &str = "critic-optimizer";
+
+/// Files of a run directory.
+pub struct RunDir(pub PathBuf);
+
+impl RunDir {
+    pub fn config(&self) -> PathBuf {
+        self.0.join("config.toml")
+    }
+    pub fn metrics(&self) -> PathBuf {
+        self.0.join("metrics.jsonl")
+    }
+    /// The latest checkpoint, which `--resume` continues from.
+    pub fn checkpoint(&self) -> PathBuf {
+        self.0.join("checkpoint")
+    }
+    /// The checkpoint with the best validation success so far.
+    pub fn best(&self) -> PathBuf {
+        self.0.join("checkpoint-best")
+    }
+}
+
+/// What the checkpoint remembers besides the weights (`state.json`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct CheckpointState {
+    /// Steps completed.
+    pub(crate) step: u64,
+    /// Validation success of the weights, when they were validated
+    /// (always, in `checkpoint-best/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) val_success: Option<f64>,
+    /// The pretrained model the weights build on (its adapters, with
+    /// LoRA, mean nothing on another).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) base_model: Option<BaseModel>,
+}
+
+impl CheckpointState {
+    fn read(dir: &Path) -> Result<Self> {
+        let file = dir.join(STATE);
+        let text = std::fs::read_to_string(&file).with_context(|| format!("no checkpoint in `{}` (no {STATE})", dir.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("the checkpoint's `{}` is damaged", file.display()))
+    }
+
+    /// Write `state.json` into `dir` and flush it to disk: the last file
+    /// of a checkpoint, which makes it one.
+    fn write(&self, dir: &Path) -> Result<()> {
+        let file = dir.join(STATE);
+        let failed = || format!("cannot write `{}`", file.display());
+        let mut out = std::fs::File::create(&file).with_context(failed)?;
+        out.write_all(serde_json::to_string(self)?.as_bytes()).with_context(failed)?;
+        out.sync_all().with_context(failed)
+    }
+}
+
+/// The model file a run trains, and its SHA-256: a checkpoint of adapters
+/// is only meaningful on the base it was trained from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BaseModel {
+    pub path: PathBuf,
+    pub sha256: String,
+}
+
+impl BaseModel {
+    /// The file's hash; for a Hugging Face directory, the hash of the
+    /// lines `name sha256` of its weights, config and tokenizer files in
+    /// name order.
+    pub fn of(path: &Path) -> Result<Self> {
+        let sha256 = if path.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("cannot list `{}`", path.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "safetensors" || e == "json"))
+                .collect();
+            files.sort();
+            use sha2::{Digest, Sha256};
+            let mut lines = String::new();
+            for f in &files {
+                let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                lines += &format!("{name} {}\n", ragen_llm::sha256_file(f)?);
+            }
+            Sha256::digest(lines.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+        } else {
+            ragen_llm::sha256_file(path)?
+        };
+        Ok(Self { path: path.to_path_buf(), sha256 })
+    }
+
+    /// Refuse `now` unless it is the file `self` recorded, the base of the
+    /// run or checkpoint `subject` that is to be `verb`ed ("resume").
+    pub fn ensure_same(&self, now: &BaseModel, verb: &str, subject: &Path) -> Result<()> {
+        ensure!(
+            self.sha256 == now.sha256,
+            "cannot {verb} `{}`: it was trained on `{}` (SHA-256 {}), but `{}` is now another file (SHA-256 {}); \
+             {verb} with the model it was trained on",
+            subject.display(),
+            self.path.display(),
+            self.sha256,
+            now.path.display(),
+            now.sha256
+        );
+        Ok(())
+    }
+}
+
+/// Which checkpoint [`load_trained`] read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointInfo {
+    pub dir: PathBuf,
+    /// Training steps it had completed.
+    pub step: u64,
+    /// Its validation success, if it was validated.
+    pub val_success: Option<f64>,
+}
+
+impl std::fmt::Display for CheckpointInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` (after step {}", self.dir.display(), self.step)?;
+        match self.val_success {
+            Some(v) => write!(f, ", validation success {:.1}%)", 100.0 * v),
+            None => write!(f, ")"),
+        }
+    }
+}
+
+/// Write the learner's files of a checkpoint into `dir` (which exists):
+/// the model, its optimizer's state, the reference and the critic with its
+/// optimizer when it has them. [`Learner::save`] is this.
+pub(crate) fn write_learner<B, M>(learner: &Learner<B, M>, dir: &Path) -> Result<()>
+where
+    B: AutodiffBackend,
+    M: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>,
+{
+    let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+    let model = learner.model.as_ref().expect("the model is only taken during a step");
+    model.save_weights(&dir.join(MODEL)).context("cannot write the model")?;
+    recorder.record(learner.optimizer.to_record(), dir.join(OPTIMIZER)).context("cannot write the optimizer state")?;
+    if let Some(reference) = &learner.reference {
+        reference.save_weights(&dir.join(REFERENCE)).context("cannot write the reference model")?;
+    }
+    if let Some(critic) = &learner.critic {
+        let model = critic.model.as_ref().expect("the critic is only taken during a step");
+        model.save_weights(&dir.join(CRITIC)).context("cannot write the critic")?;
+        recorder.record(critic.optimizer.to_record(), dir.join(CRITIC_OPTIMIZER)).context("cannot write the critic's optimizer state")?;
+    }
+    Ok(())
+}
+
+/// Restore everything [`write_learner`] wrote, to continue training
+/// exactly: weights, optimizer moments, reference and critic.
+/// [`Learner::load`] is this.
+pub(crate) fn read_learner<B, M>(learner: &mut Learner<B, M>, dir: &Path) -> Result<()>
+where
+    B: AutodiffBackend,
+    M: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>,
+{
+    read_weights(learner, dir)?;
+    let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+    let record = recorder
+        .load(dir.join(OPTIMIZER), &learner.device)
+        .with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
+    learner.optimizer = learner.optimizer.clone().load_record(record);
+    if let Some(reference) = learner.reference.take() {
+        learner.reference =
+            Some(reference.load_weights(&dir.join(REFERENCE), &learner.device).context("cannot read the checkpoint's reference model")?);
+    }
+    if let Some(critic) = learner.critic.as_mut() {
+        let missing = || {
+            format!(
+                "cannot read the checkpoint's critic from `{}`: a run configured with [critic] resumes only from a \
+                 checkpoint that has one (resume with the config the run was trained with)",
+                dir.display()
+            )
+        };
+        let model = critic.model.take().expect("critic present");
+        critic.model = Some(model.load_weights(&dir.join(CRITIC), &learner.device).with_context(missing)?);
+        let record = recorder.load(dir.join(CRITIC_OPTIMIZER), &learner.device).with_context(missing)?;
+        critic.optimizer = critic.optimizer.clone().load_record(record);
+    }
+    Ok(())
+}
+
+/// Restore only the trained weights [`write_learner`] wrote, to play
+/// them: the optimizer's state (twice the weights under full fine-tuning)
+/// and the reference stay unread. [`Learner::load_weights`] is this.
+pub(crate) fn read_weights<B, M>(learner: &mut Learner<B, M>, dir: &Path) -> Result<()>
+where
+    B: AutodiffBackend,
+    M: PolicyNetwork<B> + AutodiffModule<B>,
+{
+    let model = learner.model.take().expect("model present");
+    learner.model = Some(model.load_weights(&dir.join(MODEL), &learner.device).context("cannot read the checkpoint's model")?);
+    Ok(())
+}
+
+/// Write the checkpoint `target` of `learner` with `state`, whole or not
+/// at all (the module doc's steps).
+pub(crate) fn save<B, M>(learner: &Learner<B, M>, target: &Path, state: &CheckpointState) -> Result<()>
+where
+    B: AutodiffBackend,
+    M: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>,
+{
+    replace(target, state, |dir| write_learner(learner, dir))
+}
+
+/// Put a new checkpoint in place of `target`: `fill` writes its files into
+/// `target.tmp/`, then `state.json`, then the swap through `target.old/`.
+fn replace(target: &Path, state: &CheckpointState, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let (tmp, old) = (target.with_extension("tmp"), target.with_extension("old"));
+    remove_if_present(&tmp)?;
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create `{}`", tmp.display()))?;
+    fill(&tmp)?;
+    sync_files(&tmp)?;
+    state.write(&tmp)?;
+    if is_whole(target) {
+        remove_if_present(&old)?;
+        std::fs::rename(target, &old).context("cannot move the previous checkpoint aside")?;
+    } else {
+        // A directory without state.json is no checkpoint; `old`, if whole,
+        // is the last good one and stays until the new one is in place.
+        remove_if_present(target)?;
+    }
+    std::fs::rename(&tmp, target).context("cannot put the new checkpoint in place")?;
+    sync_parent(target);
+    // Harmless if it stays (a whole `target` comes first): the next save
+    // removes it.
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
+}
+
+/// Whether `dir` is a checkpoint: `state.json` is its last file written.
+fn is_whole(dir: &Path) -> bool {
+    dir.join(STATE).is_file()
+}
+
+/// The checkpoint `target` stands for: itself when whole, else the previous
+/// one a save had moved aside when it stopped between its two renames,
+/// else `target` (whose reading then says that it has no checkpoint).
+fn latest(target: &Path) -> PathBuf {
+    let old = target.with_extension("old");
+    if !is_whole(target) && is_whole(&old) { old } else { target.to_path_buf() }
+}
+
+/// Remove the checkpoint `target` and the previous one beside it.
+fn discard(target: &Path) -> Result<()> {
+    remove_if_present(target)?;
+    remove_if_present(&target.with_extension("old"))
+}
+
+fn remove_if_present(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("cannot remove `{}` (remove it by hand, or check its permissions)", dir.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Flush every file of `dir` to disk, so that a power cut after
+/// `state.json` is written cannot leave a checkpoint whose weights are
+/// still in the page cache only.
+fn sync_files(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list `{}`", dir.display()))? {
+        let path = entry.with_context(|| format!("cannot list `{}`", dir.display()))?.path();
+        if path.is_file() {
+            std::fs::File::open(&path).and_then(|f| f.sync_all()).with_context(|| format!("cannot flush `{}` to disk", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Flush the renames in `target`'s parent directory to disk. Best effort:
+/// not every platform opens a directory as a file, and every process sees
+/// the renames already.
+fn sync_parent(target: &Path) {
+    if let Some(parent) = target.parent() {
+        let _ = std::fs::File::open(parent).and_then(|d| d.sync_all());
+    }
+}
+
+/// Where a resumed run starts: the first step still to run, and the best
+/// validation success so far.
+pub(crate) struct Resumed {
+    pub(crate) step: u64,
+    pub(crate) best: Option<f64>,
+}
+
+/// Load the latest checkpoint of `run` into `learner` to continue it
+/// exactly, refusing it when it was trained on another base model than
+/// `base`. The best checkpoint is kept unless it came from steps about to
+/// be replayed (a crash after it and before the next regular checkpoint):
+/// then it is removed, and the replay validates those steps again.
+pub(crate) fn resume<B, M>(run: &RunDir, learner: &mut Learner<B, M>, base: Option<&BaseModel>) -> Result<Resumed>
+where
+    B: AutodiffBackend,
+    M: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>,
+{
+    let dir = latest(&run.checkpoint());
+    let state = CheckpointState::read(&dir).with_context(|| format!("cannot resume `{}`", run.0.display()))?;
+    if let (Some(then), Some(now)) = (&state.base_model, base) {
+        then.ensure_same(now, "resume", &run.0)?;
+    }
+    read_learner(learner, &dir)?;
+    let mut best = None;
+    if let Ok(saved) = CheckpointState::read(&latest(&run.best())) {
+        if saved.step <= state.step {
+            best = saved.val_success;
+        } else {
+            discard(&run.best()).context("cannot remove a best checkpoint newer than the one resumed")?;
+        }
+    }
+    Ok(Resumed { step: state.step, best })
+}
+
+/// The run directory and the checkpoint that `path` names: a run directory
+/// (its `checkpoint-best/` when validation kept one, else its latest
+/// `checkpoint/`) or one checkpoint directory inside a run.
+pub fn find_checkpoint(path: &Path) -> Result<(RunDir, PathBuf)> {
+    // A checkpoint named that a save left between its renames is found
+    // beside it; a directory that exists is taken as it is.
+    let named = if path.is_dir() { path.to_path_buf() } else { latest(path) };
+    if is_whole(&named) {
+        let run = path.parent().filter(|p| p.join("config.toml").exists()).with_context(|| {
+            format!("`{}` is a checkpoint, but the folder above it has no config.toml: pass the run directory", path.display())
+        })?;
+        return Ok((RunDir(run.to_path_buf()), named));
+    }
+    let run = RunDir(path.to_path_buf());
+    let best = latest(&run.best());
+    let checkpoint = if is_whole(&best) { best } else { latest(&run.checkpoint()) };
+    Ok((run, checkpoint))
+}
+
+/// A trained policy for evaluation from `path` (see [`find_checkpoint`]),
+/// sampling from `seed` at `temperature` (`None`: the run's validation
+/// temperature), the run's config, and which checkpoint it read. A
+/// pretrained model's checkpoint is refused on another model file than the
+/// one it was trained on.
+pub fn load_trained<B: TrainBackend>(
+    path: &Path,
+    spec: &ragen_runtime::EnvSpec,
+    device: B::Device,
+    seed: u64,
+    temperature: Option<f32>,
+) -> Result<(Box<dyn Policy>, TrainConfig, CheckpointInfo)> {
+    let (run, checkpoint) = find_checkpoint(path)?;
+    let config = TrainConfig::load(&run.config())?;
+    let state = CheckpointState::read(&checkpoint)?;
+    let temperature = temperature.unwrap_or(config.sampling.val_temperature as f32);
+    let policy = match &config.model_path {
+        None => loaded(Scratch::build::<B>(&config, spec, device.clone())?, &checkpoint, temperature, seed, &device)?,
+        Some(model) => {
+            if let Some(then) = &state.base_model {
+                then.ensure_same(&BaseModel::of(model)?, "evaluate", &checkpoint)?;
+            }
+            loaded(Chat::build::<B>(&config, model, device.clone())?, &checkpoint, temperature, seed, &device)?
+        }
+    };
+    let info = CheckpointInfo { dir: checkpoint, step: state.step, val_success: state.val_success };
+    Ok((policy, config, info))
+}
+
+/// The policy of a freshly built trainee and learner once `checkpoint` is
+/// loaded into it.
+fn loaded<B: TrainBackend, T: Trainee<B>>(
+    (trainee, mut learner): (T, Learner<B, T::Net>),
+    checkpoint: &Path,
+    temperature: f32,
+    seed: u64,
+    device: &B::Device,
+) -> Result<Box<dyn Policy>> {
+    read_weights(&mut learner, checkpoint)?;
+    Ok(trainee.policy(learner.policy_model(), temperature, seed, device))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory under the system's temporary one.
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ragen-checkpoint-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn state(step: u64) -> CheckpointState {
+        CheckpointState { step, val_success: None, base_model: None }
+    }
+
+    /// A checkpoint whose one weights file says which step wrote it.
+    fn save_step(target: &Path, step: u64) -> Result<()> {
+        replace(target, &state(step), |dir| Ok(std::fs::write(dir.join("model.bin"), step.to_string())?))
+    }
+
+    fn step_of(dir: &Path) -> u64 {
+        CheckpointState::read(dir).unwrap().step
+    }
+
+    #[test]
+    fn a_save_replaces_the_checkpoint_and_leaves_nothing_beside_it() {
+        let run = scratch_dir("replace");
+        let target = run.join("checkpoint");
+        save_step(&target, 1).unwrap();
+        save_step(&target, 2).unwrap();
+        assert_eq!(step_of(&target), 2);
+        assert_eq!(std::fs::read_to_string(target.join("model.bin")).unwrap(), "2");
+        assert!(!target.with_extension("tmp").exists() && !target.with_extension("old").exists());
+        std::fs::remove_dir_all(&run).unwrap();
+    }
+
+    #[test]
+    fn a_save_that_fails_leaves_the_previous_checkpoint_whole() {
+        let run = scratch_dir("failed");
+        let target = run.join("checkpoint");
+        save_step(&target, 1).unwrap();
+        let err = replace(&target, &state(2), |_| Err(anyhow::anyhow!("disk full"))).unwrap_err();
+        assert!(format!("{err:#}").contains("disk full"));
+        assert_eq!(step_of(&latest(&target)), 1);
+        // The half-written one has no state.json: never taken for a checkpoint.
+        assert!(!is_whole(&target.with_extension("tmp")));
+        save_step(&target, 2).unwrap();
+        assert_eq!(step_of(&target), 2);
+        std::fs::remove_dir_all(&run).unwrap();
+    }
+
+    #[test]
+    fn a_crash_between_the_renames_leaves_the_previous_checkpoint_found() {
+        let run = scratch_dir("crash");
+        std::fs::write(run.join("config.toml"), "").unwrap();
+        let target = run.join("checkpoint");
+        save_step(&target, 1).unwrap();
+        // The state a crash after the first rename leaves.
+        std::fs::rename(&target, target.with_extension("old")).unwrap();
+        assert_eq!(latest(&target), target.with_extension("old"));
+        let (_, found) = find_checkpoint(&run).unwrap();
+        assert_eq!(step_of(&found), 1, "the run's latest is the one moved aside");
+        let (_, found) = find_checkpoint(&target).unwrap();
+        assert_eq!(step_of(&found), 1, "so is the checkpoint named");
+        // The next save keeps it until the new one is in place, then removes it.
+        save_step(&target, 2).unwrap();
+        assert_eq!(step_of(&latest(&target)), 2);
+        assert!(!target.with_extension("old").exists());
+        std::fs::remove_dir_all(&run).unwrap();
+    }
+
+    #[test]
+    fn a_run_directory_names_its_best_checkpoint_else_its_latest() {
+        let dir = scratch_dir("find");
+        std::fs::write(dir.join("config.toml"), "").unwrap();
+        let run = RunDir(dir.clone());
+        save_step(&run.checkpoint(), 4).unwrap();
+        assert_eq!(find_checkpoint(&dir).unwrap().1, run.checkpoint());
+        save_step(&run.best(), 2).unwrap();
+        assert_eq!(find_checkpoint(&dir).unwrap().1, run.best());
+        let (named, checkpoint) = find_checkpoint(&run.checkpoint()).unwrap();
+        assert_eq!((named.0, checkpoint), (dir.clone(), run.checkpoint()), "a checkpoint named: its run is the folder above");
+        // A checkpoint outside a run directory is refused, with what to pass.
+        std::fs::remove_file(dir.join("config.toml")).unwrap();
+        let err = format!("{:#}", find_checkpoint(&run.checkpoint()).err().unwrap());
+        assert!(err.contains("pass the run directory"), "{err}");
+        // Discarding the best removes it and the one beside it.
+        discard(&run.best()).unwrap();
+        assert!(!run.best().exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
