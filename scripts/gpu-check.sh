@@ -3,7 +3,8 @@
 # on SimpleSokoban with Burn's CUDA backend for a fixed number of steps,
 # then print step time, tokens/s and success. Needs an NVIDIA GPU and its
 # driver; the model (`make model`) and the plugins (`make plugins`) must be
-# built. Finishes within 10 minutes on an H200 (docs/results.md).
+# built. The default six steps are sized for a short GPU session (step
+# times on an H200: docs/results.md#simplesokoban-and-frozenlake-with-the-pretrained-model-on-an-h200).
 #
 #   scripts/gpu-check.sh                      build ragen-host --features cuda, then train
 #   RAGEN_HOST=/path/ragen-host scripts/gpu-check.sh

@@ -20,8 +20,9 @@ probability 1/3, each perpendicular one with 1/3). For each map it computes:
   within the budget.
 
 It prints the mean over ``--maps`` maps. Its own random maps, not the
-plugin's seeds, so the bound differs from eval's by sampling (50.3% here
-against 46.9% on the 256 eval seeds and 49.0% on the validation seeds).
+plugin's seeds, so the bound differs from eval's by sampling: compare the
+gaps between policies, not the bounds. What it found is in
+docs/notebook.md#frozenlake-what-did-not-help.
 
 Not part of CI. Needs numpy (``target/ref-venv/bin/python``, see
 ``policy_bench.py``):
