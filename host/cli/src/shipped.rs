@@ -104,11 +104,11 @@ impl Twin {
     /// `bench`'s native side: the same workload on the twin.
     pub fn bench_native(
         self,
-        opts: &crate::bench::Options,
+        opts: &crate::commands::bench::Options,
         num_actions: usize,
         budget: std::time::Duration,
-    ) -> Result<crate::bench::Rates> {
-        use crate::bench::native;
+    ) -> Result<crate::commands::bench::Rates> {
+        use crate::commands::bench::native;
         match self {
             Twin::Bandit => native::<ragen_env_bandit::Bandit>(opts, num_actions, budget),
             Twin::Sokoban => native::<Sokoban>(opts, num_actions, budget),

@@ -98,8 +98,8 @@ impl CompileCache {
             .or_insert_with(|| match open(dir) {
                 Ok(cache) => Some(cache),
                 Err(e) => {
-                    eprintln!(
-                        "warning: compiling plugins without a cache: cannot use `{}` ({e:#}); set {CACHE_DIR_VAR} to a \
+                    tracing::warn!(
+                        "compiling plugins without a cache: cannot use `{}` ({e:#}); set {CACHE_DIR_VAR} to a \
                          writable directory, or {NO_CACHE_VAR}=1 to silence this",
                         dir.display()
                     );

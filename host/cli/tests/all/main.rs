@@ -8,6 +8,7 @@ mod bench;
 mod eval;
 mod hostile;
 mod inspect;
+mod logging;
 mod oci;
 mod play;
 mod polyglot;

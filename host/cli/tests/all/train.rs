@@ -8,7 +8,7 @@
 use crate::common::{plugin, ragen_host, scratch, text, without_timings};
 use std::path::Path;
 
-const SMALL: &str = r#"
+pub const SMALL: &str = r#"
 steps = 6
 val_episodes = 16
 test_freq = 3

@@ -1,14 +1,122 @@
 //! `ragen-host bench`: throughput through the sandbox and the same env
 //! compiled natively, measured in the same run, plus memory per env.
 
+use crate::args::{Settings, default_threads};
+use crate::backend;
+use crate::oci::PluginSource;
+use crate::output::{errln, print_report};
 use crate::shipped::Twin;
 use anyhow::{Context, Result, anyhow, bail};
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
 use ragen_runtime::{EnvPool, Plugin, PoolConfig};
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Measure resets/s and steps/s through the sandbox with a batched pool,
+/// and the same env compiled natively in the same run (for the shipped
+/// plugins), with memory per env and instantiation time.
+#[derive(clap::Args)]
+pub struct BenchCommand {
+    /// The plugin: a .wasm file or oci://registry/namespace/name:tag.
+    file: PluginSource,
+    /// Envs in the pool.
+    #[arg(long, default_value_t = 1024)]
+    envs: usize,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seconds of measurement, split between resets and steps (per side).
+    #[arg(long, default_value_t = 4.0)]
+    seconds: f64,
+    /// Envs sharing one plugin instance.
+    #[arg(long, default_value_t = 64)]
+    envs_per_instance: usize,
+    /// One call per env even when the plugin exports the contract's
+    /// batched calls (to measure what batching buys).
+    #[arg(long)]
+    single_calls: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Measure the policy instead of the plugin: training tokens/s
+    /// (forward + backward) and sampling tokens/s with and without the
+    /// KV cache and batching, for the model and first prompt that
+    /// `--config` (a training config) gives on this plugin.
+    #[arg(long)]
+    policy: bool,
+    /// With --policy: the training config (default: the default config).
+    #[arg(long, requires = "policy")]
+    config: Option<PathBuf>,
+    /// With --policy: measure a pretrained model instead (a GGUF file or
+    /// a Hugging Face directory): prefill, batched KV-cache sampling
+    /// (64 new tokens a reply) and training (4 x 512 tokens) tokens/s,
+    /// and peak resident memory.
+    #[arg(long, value_name = "PATH", requires = "policy")]
+    model: Option<PathBuf>,
+    /// With --policy: sequences per pass.
+    #[arg(long, default_value_t = 32, requires = "policy")]
+    batch: usize,
+    /// With --policy: the tensor backend (`flex`, or `wgpu`/`cuda`/
+    /// `libtorch` when built with those cargo features).
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: backend::BackendChoice,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl BenchCommand {
+    /// The plugin's rates, or with --policy the policy's (a pretrained
+    /// model's with --model). Exits 1 when env calls failed during the
+    /// bench: its rates are then not the plugin's.
+    pub fn execute(self, plain_http: bool) -> Result<ExitCode> {
+        if !self.policy {
+            return self.plugin_rates(plain_http);
+        }
+        if self.batch == 0 || !self.seconds.is_finite() || self.seconds <= 0.0 {
+            bail!("--batch and --seconds must be positive (and --seconds finite)");
+        }
+        let file = self.file.local(plain_http)?;
+        let (batch, seconds) = (self.batch, self.seconds);
+        match &self.model {
+            Some(model) => {
+                let report = backend::with_backend!(self.backend, B, device => llm::<B>(&file, model, batch, seconds, device)?);
+                print_report(&report, self.json, ragen_llm::LlmBenchReport::to_text)?;
+            }
+            None => {
+                let config = self.config.as_deref();
+                let report = backend::with_backend!(self.backend, B, device => policy::<B>(&file, config, batch, seconds, device)?);
+                print_report(&report, self.json, ragen_policy::PolicyBenchReport::to_text)?;
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// Without --policy: the plugin through the sandbox, and natively.
+    fn plugin_rates(self, plain_http: bool) -> Result<ExitCode> {
+        if self.envs == 0 || !self.seconds.is_finite() || self.seconds <= 0.0 {
+            bail!("--envs and --seconds must be positive (and --seconds finite)");
+        }
+        let threads = default_threads(self.threads);
+        let batched = !self.single_calls;
+        let (envs, seconds, envs_per_instance) = (self.envs, self.seconds, self.envs_per_instance);
+        let opts = Options { envs, threads, seconds, envs_per_instance, batched, settings: self.settings.parse()? };
+        let report = bench(&self.file.local(plain_http)?, &opts)?;
+        print_report(&report, self.json, Report::to_text)?;
+        if report.failures > 0 {
+            errln!(
+                "error: {} env calls failed during the bench, so its rates are not the plugin's; \
+                 `ragen-host validate {}` says why",
+                report.failures,
+                self.file
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
 
 pub struct Options {
     pub envs: usize,
@@ -367,7 +475,7 @@ pub fn llm<B: ragen_policy::TrainBackend>(
     use ragen_agent::{Context as Ctx, Message, PromptBuilder, Role};
     let pretrained =
         crate::term::with_spinner(&format!("loading {}", model.display()), || ragen_llm::Pretrained::<B>::load(model, &device))?;
-    eprintln!("{}", crate::chat::describe(&pretrained));
+    errln!("{}", super::chat::describe(&pretrained));
     let config = ragen_agent::AgentConfig::default();
     let plugin = Plugin::from_file(file)?;
     let settings = config.env_settings(&[]);

@@ -2,6 +2,9 @@
 //! each, as the reference evaluates) and report success against the
 //! optimal policy's ceiling.
 
+use crate::args::{Generation, Settings, default_threads};
+use crate::oci::PluginSource;
+use crate::output::{errln, print_report};
 use crate::shipped::Twin;
 use crate::solver::{CountdownSolverPolicy, SokobanSolverPolicy};
 use anyhow::{Context, Result, bail};
@@ -10,7 +13,127 @@ use ragen_agent::{AgentConfig, LoopLimits, Policy, RolloutConfig, RolloutRunner,
 use ragen_runtime::Plugin;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
+
+/// Play a policy on fixed seeds (default: 256 seeds from 123, one
+/// episode each, as the reference evaluates) and report success, return,
+/// valid- and effective-action ratios, and the optimal policy's success
+/// on the same seeds where a solver exists (Sokoban: BFS; FrozenLake:
+/// value iteration; Bandit: always the better arm).
+#[derive(clap::Args)]
+pub struct EvalCommand {
+    /// The environment plugin: a .wasm file or
+    /// oci://registry/namespace/name:tag (or @sha256:…). With
+    /// --checkpoint it defaults to the plugin the run trained on (pinned
+    /// by its digest when it came from a registry).
+    #[arg(long, required_unless_present = "checkpoint")]
+    env: Option<PluginSource>,
+    /// `random` (uniform well-formed answers; envs with action names
+    /// only), `sokoban-solver` (replays BFS solutions) or
+    /// `countdown-solver` (an expression found by exact search); ignored
+    /// with --checkpoint.
+    #[arg(long, default_value = "random")]
+    policy: String,
+    /// Evaluate the policy trained in this run directory (at its
+    /// validation temperature unless --temperature is given): its
+    /// checkpoint-best/ (the best validation success) when it has one, else
+    /// its latest checkpoint/. Name a checkpoint folder inside the run to
+    /// pick one.
+    #[arg(long, value_name = "DIR", conflicts_with = "model")]
+    checkpoint: Option<PathBuf>,
+    /// Evaluate a pretrained model: a GGUF file or a Hugging Face
+    /// directory (`make model` fetches SmolLM2-135M-Instruct into
+    /// target/models/). Its replies are free text, parsed as the
+    /// reference parses them.
+    #[arg(long, value_name = "PATH")]
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    generation: Generation,
+    /// Turn thinking off: the reply is pre-filled with `<answer>` and
+    /// the prompt asks for the answer only.
+    #[arg(long)]
+    no_think: bool,
+    #[arg(long, default_value_t = 256)]
+    episodes: usize,
+    /// The first evaluation seed.
+    #[arg(long, default_value_t = ragen_agent::EVAL_SEED_START)]
+    seed_start: u64,
+    /// Seed of the policy's own randomness.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// A TOML file with [rollout], [prompt] and [env] sections (a training
+    /// config works too: its other sections are ignored here).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Write every trajectory (full text, tokens, rewards) as JSON lines.
+    #[arg(long, value_name = "FILE.jsonl")]
+    trajectories: Option<PathBuf>,
+    /// Worker threads for the env pool (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl EvalCommand {
+    /// The agent config from --config or the checkpoint's run, then the
+    /// evaluation.
+    pub fn execute(self, plain_http: bool) -> Result<ExitCode> {
+        let run = match &self.checkpoint {
+            Some(path) => Some(ragen_learner::TrainConfig::load(&ragen_learner::find_checkpoint(path)?.0.config())?),
+            None => None,
+        };
+        let (mut config, sampling) = match (&self.config, &run) {
+            // A training config is a superset: its [rollout], [prompt], [env]
+            // and a pretrained model's [sampling] apply.
+            (Some(path), _) => {
+                let c = ragen_learner::TrainConfig::load(path)?;
+                (c.agent, Some(c.sampling))
+            }
+            // A trained policy is evaluated under the prompts and settings it trained with.
+            (None, Some(run)) => (run.agent.clone(), None),
+            (None, None) => (AgentConfig::default(), None),
+        };
+        let env = match (self.env, &run) {
+            (Some(env), _) => env,
+            (None, Some(run)) => PluginSource::of_run(&run.plugin)?,
+            (None, None) => bail!("name the plugin with --env (a .wasm file or oci://…)"),
+        };
+        if self.no_think {
+            config.rollout.enable_think = false;
+        }
+        let model = match self.model {
+            Some(path) => {
+                Some(ModelOptions { path, backend: self.generation.backend, sampling: self.generation.sampling(sampling.as_ref())? })
+            }
+            None => None,
+        };
+        let temperature = match &self.checkpoint {
+            Some(_) => self.generation.checkpoint_temperature()?,
+            None => None,
+        };
+        let opts = Options {
+            env: env.local(plain_http)?,
+            policy: self.policy,
+            checkpoint: self.checkpoint,
+            temperature,
+            model,
+            episodes: self.episodes,
+            seed_start: self.seed_start,
+            seed: self.seed,
+            config,
+            settings: self.settings.parse()?,
+            threads: default_threads(self.threads),
+            trajectories: self.trajectories,
+        };
+        print_report(&eval(opts)?, self.json, Report::to_text)?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
 
 pub struct Options {
     pub env: PathBuf,
@@ -92,7 +215,7 @@ fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<(Box<dyn Policy
             let pretrained = crate::term::with_spinner(&format!("loading {}", model.path.display()), || {
                 ragen_llm::Pretrained::<B>::load(&model.path, &device)
             })?;
-            eprintln!("{}", crate::chat::describe(&pretrained));
+            errln!("{}", super::chat::describe(&pretrained));
             Ok((Box::new(ragen_llm::LlmPolicy::new(pretrained, sampling, seed)) as Box<dyn Policy>, None))
         });
     }

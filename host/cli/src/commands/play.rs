@@ -2,10 +2,38 @@
 //! names as the agent would (`Up || Left`), or, for an env whose action is
 //! text (Countdown), the answer itself.
 
+use crate::args::Settings;
+use crate::oci::PluginSource;
 use anyhow::{Context, Result, anyhow};
 use ragen_runtime::{Action, ActionSpace, EnvHandle, EnvSpec, Plugin, PluginInstance};
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::process::ExitCode;
+
+/// Play a plugin yourself: type action names (case-insensitive; several
+/// separated by `||`, as the agent does), see the state, reward and info
+/// after each. `reset [N]` starts over, `quit` leaves.
+#[derive(clap::Args)]
+pub struct PlayCommand {
+    /// The plugin: a .wasm file or oci://registry/namespace/name:tag.
+    file: PluginSource,
+    /// Seed of the first episode.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl PlayCommand {
+    /// Play on the terminal; a closed stdout (`| head`) ends the game
+    /// quietly (see `crate::output`).
+    pub fn execute(self, plain_http: bool) -> Result<ExitCode> {
+        let stdin = std::io::stdin();
+        let mut out = crate::term::Escaping(crate::output::Stdout);
+        play(&self.file.local(plain_http)?, self.seed, &self.settings.parse()?, &mut stdin.lock(), &mut out)?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
 
 const COMMANDS: &str = "Commands: `reset` (next seed), `reset N` (seed N), `help`, `quit`.";
 

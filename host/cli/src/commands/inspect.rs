@@ -1,11 +1,37 @@
 //! `ragen-host inspect`: everything a plugin says about itself, as text or
 //! JSON, read through the sandbox exactly as training would read it.
 
+use crate::args::Settings;
+use crate::oci::PluginSource;
+use crate::output::print_report;
 use anyhow::{Context, Result, anyhow};
 use ragen_runtime::{ActionSpace, CONTRACT_PACKAGE, CompileCache, Plugin};
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::Path;
+use std::process::ExitCode;
+
+/// Show what a plugin says about itself: name, version, actions, symbol
+/// legend, config keys and defaults, limits, the contract version it was
+/// built against, its size, and the imports it declares (none grants anything).
+#[derive(clap::Args)]
+pub struct InspectCommand {
+    /// The plugin: a .wasm file (e.g. target/plugins/sokoban.wasm) or
+    /// oci://registry/namespace/name:tag (or @sha256:…).
+    file: PluginSource,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl InspectCommand {
+    pub fn execute(self, plain_http: bool) -> Result<ExitCode> {
+        print_report(&inspect(&self.file.local(plain_http)?, &self.settings.parse()?)?, self.json, Report::to_text)?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
 
 #[derive(Serialize)]
 pub struct Report {

@@ -641,3 +641,65 @@ pub fn validate(file: &Path, opts: &Options, progress: &mut dyn FnMut(&str)) -> 
     }
     Report { file: name, checks }
 }
+
+/// Check a plugin before sharing it: complete metadata, same seed → same
+/// episode, different seeds → different states, errors (not traps) for
+/// bad config and bad actions, the episode rules, finite rewards, and
+/// speed. Exits 0 only when every check passes; each failure says what
+/// to fix.
+#[derive(clap::Args)]
+pub struct ValidateCommand {
+    /// The plugin: a .wasm file or oci://registry/namespace/name:tag.
+    file: crate::oci::PluginSource,
+    #[command(flatten)]
+    checks: ValidateArgs,
+}
+
+impl ValidateCommand {
+    pub fn execute(self, plain_http: bool) -> anyhow::Result<std::process::ExitCode> {
+        let report = run_with_spinner(&self.file.local(plain_http)?, &self.checks.options()?);
+        crate::output::print(&crate::term::escape(&report.to_text()))?;
+        Ok(if report.passed() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
+    }
+}
+
+/// What `validate` checks with, and `push` before it publishes.
+#[derive(clap::Args)]
+pub struct ValidateArgs {
+    /// Seeds to play in the determinism and value checks.
+    #[arg(long, default_value_t = 16)]
+    seeds: u64,
+    /// Time budget for one call into the plugin.
+    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    call_timeout_ms: u64,
+    /// Memory cap per plugin instance.
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    memory_mib: usize,
+    /// Wall-clock budget of the checks (after the component compiled): a
+    /// verdict comes within it (plus one call's timeout) on any plugin;
+    /// checks it leaves no time for fail, saying so.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    budget: f64,
+    #[command(flatten)]
+    settings: crate::args::Settings,
+}
+
+impl ValidateArgs {
+    /// The checks' options, or an error naming the flag to fix.
+    pub fn options(&self) -> anyhow::Result<Options> {
+        if !self.budget.is_finite() || self.budget <= 0.0 {
+            anyhow::bail!("--budget {}: use a positive number of seconds", self.budget);
+        }
+        let limits = ragen_runtime::SandboxLimits {
+            call_timeout: std::time::Duration::from_millis(self.call_timeout_ms),
+            memory_bytes: self.memory_mib << 20,
+            ..ragen_runtime::SandboxLimits::default()
+        };
+        Ok(Options {
+            settings: self.settings.parse()?,
+            seeds: self.seeds.max(2),
+            limits,
+            budget: std::time::Duration::from_secs_f64(self.budget),
+        })
+    }
+}

@@ -2,14 +2,51 @@
 //! prompt, so a user can check that a model file loads and talks before
 //! training or evaluating with it.
 
+use crate::args::Generation;
+use crate::output::errln;
 use anyhow::Result;
 use ragen_agent::{Role, Tokenizer};
 use ragen_env_sdk::SeedRng;
 use ragen_llm::{ChatMessage, Pretrained, StopRule};
 use ragen_policy::Sampling;
-use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Instant;
+
+/// Load a pretrained model (a GGUF file or a Hugging Face directory)
+/// and print its reply to one prompt, rendered with the model's chat
+/// template: a check that a model loads and talks. Example:
+/// `ragen-host chat --model target/models/SmolLM2-135M-Instruct.Q4_1.gguf "What is 2+2?"`.
+#[derive(clap::Args)]
+pub struct ChatCommand {
+    /// A GGUF file or a Hugging Face model directory.
+    #[arg(long, value_name = "PATH")]
+    model: PathBuf,
+    /// The user's message.
+    prompt: String,
+    /// A system message before it.
+    #[arg(long)]
+    system: Option<String>,
+    /// Feed the prompt as it is, without the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// Seed of the sampling (with --temperature above 0).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    generation: Generation,
+}
+
+impl ChatCommand {
+    pub fn execute(self) -> Result<ExitCode> {
+        let g = self.generation.sampling(None)?;
+        let backend = self.generation.backend;
+        let Self { model, prompt, system, raw, seed, .. } = self;
+        let opts = Options { model, prompt, system, raw, max_new_tokens: g.max_new_tokens, sampling: g.sampling, seed };
+        crate::backend::with_backend!(inference backend, B, device => chat::<B>(opts, device)?);
+        Ok(ExitCode::SUCCESS)
+    }
+}
 
 pub struct Options {
     pub model: PathBuf,
@@ -27,7 +64,7 @@ pub struct Options {
 pub fn chat<B: ragen_policy::AttentionBackend + ragen_policy::PointwiseBackend>(opts: Options, device: B::Device) -> Result<()> {
     let started = Instant::now();
     let m = crate::term::with_spinner(&format!("loading {}", opts.model.display()), || Pretrained::<B>::load(&opts.model, &device))?;
-    eprintln!("{} (loaded in {:.1} s)", describe(&m), started.elapsed().as_secs_f64());
+    errln!("{} (loaded in {:.1} s)", describe(&m), started.elapsed().as_secs_f64());
     let text = if opts.raw {
         opts.prompt.clone()
     } else {
@@ -49,9 +86,8 @@ pub fn chat<B: ragen_policy::AttentionBackend + ragen_policy::PointwiseBackend>(
     };
     let seconds = started.elapsed().as_secs_f64();
     let shown = reply.strip_suffix(&[m.tokenizer.eos.id]).unwrap_or(&reply);
-    println!("{}", crate::term::escape(&m.tokenizer.decode(shown)));
-    std::io::stdout().flush()?;
-    eprintln!(
+    crate::output::print(&format!("{}\n", crate::term::escape(&m.tokenizer.decode(shown))))?;
+    errln!(
         "{} prompt tokens, {} new tokens in {seconds:.1} s ({:.1} tokens/s)",
         prompt.len(),
         reply.len(),

@@ -6,13 +6,21 @@ use clap::Args;
 use ragen_runtime::{Plugin, SandboxLimits};
 use ragen_serve::{ServeConfig, Server};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::info;
 
-/// `serve`'s arguments.
+/// Serve a plugin to trainers elsewhere, speaking OpenEnv's protocol:
+/// one episode per WebSocket session at /ws (JSON frames reset, step,
+/// state, close), stateless HTTP /reset and /step, /schema, /metadata,
+/// /health and Prometheus /metrics. Sessions are envs of one pool; a
+/// plugin fault fails only its session's episode. Example: `ragen-host
+/// serve target/plugins/sokoban.wasm --port 8000`, then from Python
+/// (openenv-core): `GenericEnvClient(base_url="http://127.0.0.1:8000")`.
+/// See docs/serve.md.
 #[derive(Args)]
-pub struct ServeArgs {
+pub struct ServeCommand {
     /// The environment plugin: a .wasm file (e.g.
     /// target/plugins/sokoban.wasm) or oci://registry/namespace/name:tag.
     file: crate::oci::PluginSource,
@@ -62,11 +70,22 @@ pub struct ServeArgs {
     #[arg(long)]
     log_json: bool,
     #[command(flatten)]
-    settings: crate::Settings,
+    settings: crate::args::Settings,
 }
 
-pub fn run(args: ServeArgs, plain_http: bool) -> Result<()> {
-    init_logs(args.log_json);
+impl ServeCommand {
+    /// A server's log (see `crate::logging`), as text or JSON lines.
+    pub fn logs(&self) -> crate::logging::Logs {
+        crate::logging::Logs::Server { json: self.log_json }
+    }
+
+    pub fn execute(self, plain_http: bool) -> Result<ExitCode> {
+        run(self, plain_http)?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn run(args: ServeCommand, plain_http: bool) -> Result<()> {
     if !args.idle_timeout.is_finite() || args.idle_timeout <= 0.0 {
         bail!("--idle-timeout {}: use a positive number of seconds", args.idle_timeout);
     }
@@ -80,7 +99,7 @@ pub fn run(args: ServeArgs, plain_http: bool) -> Result<()> {
     let plugin = Arc::new(Plugin::from_file_with(args.file.local(plain_http)?, limits)?);
     let config = ServeConfig {
         max_sessions: args.max_sessions,
-        threads: crate::default_threads(args.threads),
+        threads: crate::args::default_threads(args.threads),
         envs_per_instance: args.envs_per_instance,
         settings: args.settings.parse()?,
         idle_timeout: Duration::from_secs_f64(args.idle_timeout),
@@ -99,7 +118,7 @@ pub fn run(args: ServeArgs, plain_http: bool) -> Result<()> {
         let addr = listener.local_addr()?;
         info!(%addr, plugin = %args.file, max_sessions = sessions, "serving; Ctrl-C or SIGTERM stops");
         // Read by scripts and tests that start the server on port 0.
-        println!("listening on http://{addr}");
+        crate::output::print(&format!("listening on http://{addr}\n"))?;
         let stop = server.shutdown_token();
         tokio::spawn(async move {
             ragen_serve::shutdown_signal().await;
@@ -120,17 +139,4 @@ fn read_token(path: &std::path::Path) -> Result<String> {
         bail!("--token-file {}: the first line is empty; put the token there", path.display());
     }
     Ok(token)
-}
-
-/// Logs to stderr at `info` (RUST_LOG overrides), as text or JSON lines.
-fn init_logs(json: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    // A log reader that went away (`| head`, a dead collector) must not stop
-    // the server: tracing-subscriber would report the failed write with
-    // `eprintln!`, which panics on the same closed pipe, in whatever task
-    // was logging, shutdown included.
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).log_internal_errors(false);
-    let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }

@@ -2,14 +2,87 @@
 //! progress bar, metrics.jsonl, config.toml and checkpoints in the run
 //! directory.
 
+use crate::args::Settings;
 use crate::oci::PluginSource;
+use crate::output::errln;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use ragen_learner::{Algo, PluginRecord, StepMetrics, TrainConfig, read_metrics, train};
 use ragen_runtime::Plugin;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Train a policy on a plugin with StarPO-S (default), StarPO (adds a KL
+/// term to the frozen initial policy) or GRPO: a transformer from
+/// scratch, or with `--model` a pretrained LLM (LoRA when `[lora]` has
+/// a rank; see examples/configs/smollm2-*.toml). The run
+/// directory gets config.toml (the resolved config), metrics.jsonl (one
+/// line per step: success, reward, reward std before/after the variance
+/// filter, entropy, gradient norm, clip fraction, approx KL, KL to the
+/// reference, reply length, valid actions, timings, validation success
+/// every test_freq steps), dashboard.png and a checkpoint every save_freq
+/// steps and on Ctrl-C or SIGTERM. `--resume DIR` continues a run exactly.
+/// Example: `ragen-host train --env target/plugins/bandit.wasm --steps 20
+/// --out runs/bandit`; with an LLM: `ragen-host train --env
+/// target/plugins/bandit.wasm --config examples/configs/smollm2-bandit.toml
+/// --out runs/smollm2-bandit`.
+#[derive(clap::Args)]
+pub struct TrainCommand {
+    /// The environment plugin: a .wasm file or
+    /// oci://registry/namespace/name:tag (or @sha256:…); the run's
+    /// config.toml records the digest. With --resume it defaults to the
+    /// run's own plugin, pinned by that digest.
+    #[arg(long, required_unless_present = "resume")]
+    env: Option<PluginSource>,
+    /// A TOML file: algo, seed, steps, test_freq, save_freq, val_episodes,
+    /// and [rollout], [prompt], [env], [model], [sampling], [ppo] sections.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Training steps (overrides the config).
+    #[arg(long)]
+    steps: Option<u64>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The run directory.
+    #[arg(long, default_value = "runs/latest")]
+    out: PathBuf,
+    /// The tensor backend: `flex` (CPU, always built), `wgpu`, `cuda` or
+    /// `libtorch` (cargo features of ragen-host).
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: crate::backend::BackendChoice,
+    /// Continue the run in this directory from its checkpoint.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+    /// starpo-s (default), starpo or grpo; each key stays overridable in [ppo].
+    #[arg(long, value_parser = parse_algo)]
+    algo: Option<Algo>,
+    /// Train this pretrained model (a .gguf file or a Hugging Face
+    /// directory; overrides the config's model_path).
+    #[arg(long, value_name = "FILE")]
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl TrainCommand {
+    pub fn execute(self, plain_http: bool) -> Result<ExitCode> {
+        let Self { env, config, steps, seed, out, backend, resume, algo, model, settings } = self;
+        let settings = settings.parse()?;
+        run(Options { env, config, steps, seed, out, backend, resume, algo, model, settings, plain_http })?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn parse_algo(s: &str) -> Result<Algo, String> {
+    match s {
+        "starpo-s" => Ok(Algo::StarpoS),
+        "starpo" => Ok(Algo::Starpo),
+        "grpo" => Ok(Algo::Grpo),
+        other => Err(format!("`{other}`: use starpo-s, starpo or grpo")),
+    }
+}
 
 pub struct Options {
     /// Required for a new run; a resumed one defaults to its own.
@@ -39,7 +112,7 @@ pub fn run(opts: Options) -> Result<()> {
         Some(m) => format!("`{}` in full", m.display()),
         None => "a transformer from scratch".to_string(),
     };
-    eprintln!("training {policy} on `{source}` with {:?} for {} steps into {}", config.algo, config.steps, out.display());
+    errln!("training {policy} on `{source}` with {:?} for {} steps into {}", config.algo, config.steps, out.display());
     let mut progress = Progress::new(&config, &out)?;
     let history = crate::backend::with_backend!(opts.backend, B, device => train::<B>(
         plugin, &config, &out, resume, device, &stop, |m| progress.on_step(m)
@@ -47,17 +120,17 @@ pub fn run(opts: Options) -> Result<()> {
     progress.bar.finish();
     // The last steps, when the run stopped between validations.
     if let Err(e) = crate::dashboard::write(&progress.dashboard, &progress.seen) {
-        eprintln!("warning: no dashboard: {e:#}");
+        errln!("warning: no dashboard: {e:#}");
     }
     let last_val = history.iter().rev().find_map(|m| m.val_success);
-    eprintln!(
+    errln!(
         "done: {} steps; last validation success {}; in {}: metrics.jsonl, dashboard.png, checkpoint/",
         history.len(),
         last_val.map(|v| format!("{:.1}%", 100.0 * v)).unwrap_or_else(|| "n/a".into()),
         out.display()
     );
     if stop.load(Ordering::SeqCst) {
-        eprintln!("stopped early; continue with: ragen-host train --resume {}", out.display());
+        errln!("stopped early; continue with: ragen-host train --resume {}", out.display());
     }
     Ok(())
 }
@@ -113,7 +186,7 @@ fn plugin_for_run(opts: &Options, config: &mut TrainConfig, resume: bool) -> Res
     let bytes = std::fs::read(&fetched.path).with_context(|| format!("cannot read plugin `{}`", fetched.path.display()))?;
     let wasm_digest = ragen_oci::sha256_digest(&bytes).to_string();
     if resume && let Some(was) = recorded.wasm_digest.as_ref().filter(|w| **w != wasm_digest) {
-        eprintln!(
+        errln!(
             "warning: `{source}` is not the plugin this run started on (its .wasm was {was}, now {wasm_digest}); \
              the resumed run will not replay what an uninterrupted one would"
         );
@@ -138,12 +211,12 @@ fn pinned_for_resume(r: &ragen_oci::PluginRef, run_digest: &str, plain_http: boo
         ),
         Some(_) => {}
         None => match crate::oci::registry(plain_http).and_then(|reg| reg.digest_of(r)) {
-            Ok(now) if now != run_digest => eprintln!(
+            Ok(now) if now != run_digest => errln!(
                 "warning: {r} now points to {now}, not to {run_digest} that this run trained on; \
                  resuming on {run_digest}. Start a new run (--out) to train on the new plugin"
             ),
             Ok(_) => {}
-            Err(e) => eprintln!("warning: cannot check whether {r} moved ({e:#}); resuming on the run's {run_digest}"),
+            Err(e) => errln!("warning: cannot check whether {r} moved ({e:#}); resuming on the run's {run_digest}"),
         },
     }
     Ok(PluginSource::Oci(r.pinned(&run_digest)))
@@ -160,14 +233,14 @@ fn stop_on_ctrl_c() -> Result<Arc<AtomicBool>> {
     let mut first: Option<std::time::Instant> = None;
     ctrlc::set_handler(move || match first {
         Some(at) if at.elapsed() >= SAME_STOP => {
-            eprintln!("\nsecond stop signal: stopping now without a final checkpoint");
+            errln!("\nsecond stop signal: stopping now without a final checkpoint");
             std::process::exit(130);
         }
         Some(_) => {}
         None => {
             first = Some(std::time::Instant::now());
             flag.store(true, Ordering::SeqCst);
-            eprintln!("\nstop signal (Ctrl-C or SIGTERM): finishing this step, then writing a checkpoint (Ctrl-C again to abort)");
+            errln!("\nstop signal (Ctrl-C or SIGTERM): finishing this step, then writing a checkpoint (Ctrl-C again to abort)");
         }
     })
     .context("cannot install the Ctrl-C and SIGTERM handler")?;
@@ -202,7 +275,7 @@ impl Progress {
     /// A line above the bar. `println` would drop it when stderr is not a
     /// terminal (a log file, CI), where the bar is hidden.
     fn warn(&self, line: String) {
-        self.bar.suspend(|| eprintln!("{line}"));
+        self.bar.suspend(|| errln!("{line}"));
     }
 
     fn on_step(&mut self, m: &StepMetrics) {
