@@ -6,7 +6,7 @@
 //! mimalloc by default a second later, so each pass met fresh pages again
 //! and paid for the page faults and the kernel zeroing them. Keeping freed
 //! memory leaves the process's peak memory as it was; it only holds on to
-//! it until it exits. The measurements are in docs/results.md ("A pool per
+//! it until it exits. The measurements are in docs/notebook.md ("A pool per
 //! pass, memory kept, and token scores in one kernel") and the reasoning in
 //! docs/design.md ("The policy and the learner").
 

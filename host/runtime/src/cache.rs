@@ -2,9 +2,8 @@
 //! once per machine rather than once per process.
 //!
 //! A Python or JavaScript plugin carries a whole language runtime, and
-//! compiling it takes seconds (CPython: about 5 s on 2 cores) every time a
-//! process loads it. wasmtime's cache keeps the compiled code on disk,
-//! keyed by a SHA-256 of the component's bytes, the wasmtime version and
+//! compiling it takes seconds every time a process loads it. wasmtime's
+//! cache keeps the compiled code on disk, keyed by a SHA-256 of the component's bytes, the wasmtime version and
 //! every engine setting that affects code generation, so a changed plugin,
 //! a new wasmtime or other settings simply miss.
 //!
