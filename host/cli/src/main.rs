@@ -511,7 +511,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Validate { file, checks } => {
             let report = validate::run_with_spinner(&file.local(plain_http)?, &checks.options()?);
-            print!("{}", term::escape(&report.to_text()));
+            print!("{}", term::escape(&validate::to_text(&report)));
             if !report.passed() {
                 return Ok(ExitCode::FAILURE);
             }

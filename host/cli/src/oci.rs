@@ -108,7 +108,7 @@ pub fn push(opts: PushOptions) -> Result<()> {
     } else {
         let report = crate::validate::run_with_spinner(&opts.file, &opts.validate);
         if !report.passed() {
-            eprint!("{}", crate::term::escape(&report.to_text()));
+            eprint!("{}", crate::term::escape(&crate::validate::to_text(&report)));
             bail!(
                 "refusing to push `{}`: it fails validation (above). Fix the plugin, or push it anyway with --force",
                 opts.file.display()
