@@ -28,8 +28,9 @@ from gymnasium.vector import AutoresetMode
 
 from ._core import EnvFailureError, Pool
 from ._core import Rollouts as _Rollouts
+from ._core import validate as _validate
 
-__all__ = ["Env", "EnvFailureError", "Rollouts", "VectorEnv", "make", "TextSpace"]
+__all__ = ["Env", "EnvFailureError", "Rollouts", "VectorEnv", "make", "TextSpace", "validate"]
 
 #: The largest observation the sandbox lets through (64 KiB).
 MAX_OBSERVATION_CHARS = 64 << 10
@@ -212,6 +213,25 @@ def make(path: Union[str, os.PathLike], num_envs: int = 1, threads: Optional[int
     (``ragen-host inspect PATH`` lists them), e.g. ``dim_x=8``.
     """
     return VectorEnv(path, num_envs=num_envs, threads=threads, envs_per_instance=envs_per_instance, autoreset=autoreset, **config)
+
+
+def validate(path: Union[str, os.PathLike], seeds: int = 16, budget: float = 30.0, **config: Any) -> dict:
+    """Run the conformance suite on the plugin at ``path``: what
+    ``ragen-host validate`` runs before a plugin is shared.
+
+    Returns a dict: ``file``; ``passed`` (no check failed); ``checks``, one
+    dict per check in the order run (``name``, ``status``: ``"pass"``,
+    ``"warn"`` or ``"fail"``, and ``message``: what passed, or what to
+    fix); and ``problems``, what the spec checker found in the plugin's
+    info and spec (``severity``: ``"error"``, which the host refuses to
+    load, or ``"warning"``, which it loads but the suite fails; ``rule``, a
+    stable name such as ``"duplicate-action-name"``; ``message``).
+
+    ``seeds``: seeds played by the determinism and value checks.
+    ``budget``: seconds the checks may take once the plugin has compiled.
+    ``config``: the plugin's settings, e.g. ``dim_x=8``.
+    """
+    return _validate(os.fspath(path), _settings(config), int(seeds), float(budget))
 
 
 class Rollouts:

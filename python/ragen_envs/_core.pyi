@@ -1,6 +1,6 @@
 """The native core of ragen_envs (Rust, PyO3): an EnvPool as a Python object."""
 
-from typing import Optional, Sequence, TypedDict, Union
+from typing import Literal, Optional, Sequence, TypedDict, Union
 
 class EnvFailureError(RuntimeError):
     """A plugin call failed for one env; the message names the plugin, env and seed."""
@@ -42,3 +42,28 @@ class Rollouts:
                  settings: Sequence[tuple[str, str]]) -> None: ...
     def run(self, policy: object, group_seeds: Sequence[int], first_group: int = 0) -> list[str]:
         """Trajectories as JSON lines; policy is "random" or a callable (list of contexts -> list of replies)."""
+
+class Check(TypedDict):
+    """One check of the conformance suite."""
+
+    name: str  # load, metadata, determinism, seeds differ, finite, bad config, bad action, episode rules, batch, speed
+    status: Literal["pass", "warn", "fail"]
+    message: str  # what passed, or what to fix
+
+class Problem(TypedDict):
+    """What the spec checker found in the plugin's info or spec."""
+
+    severity: Literal["error", "warning"]  # an error keeps the host from loading the plugin
+    rule: str  # a stable name, e.g. "duplicate-action-name"
+    message: str
+
+class Report(TypedDict):
+    """The conformance suite's report."""
+
+    file: str
+    passed: bool  # no check failed
+    checks: list[Check]
+    problems: list[Problem]
+
+def validate(path: str, settings: Sequence[tuple[str, str]], seeds: int, budget_seconds: float) -> Report:
+    """Run the conformance suite (what `ragen-host validate` runs) on the plugin at path."""

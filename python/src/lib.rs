@@ -2,6 +2,8 @@
 //! classes (`ragen_envs.VectorEnv`, `ragen_envs.Env`) are plain Python on
 //! top of this, in `ragen_envs/__init__.py`: the batch crosses from Python
 //! to Rust once per call, and the GIL is released while the pool works.
+//! `validate` runs the conformance suite (`ragen-conformance`, what
+//! `ragen-host validate` runs) and returns its report as dicts.
 //!
 //! This crate does not take the workspace's `forbid(unsafe_code)` lint:
 //! PyO3's macros expand to unsafe code.
@@ -11,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use ragen_runtime::{Action, ActionSpace, EnvFailure, EnvPool, EnvSpec, Plugin, PluginInfo, PoolConfig, PoolStep, StepInfo};
 use std::sync::Arc;
+use std::time::Duration;
 
 mod rollouts;
 
@@ -215,9 +218,52 @@ impl Pool {
     }
 }
 
+/// Run the conformance suite on the plugin at `path`: `{"file", "passed",
+/// "checks": [{"name", "status", "message"}], "problems": [{"severity",
+/// "rule", "message"}]}` (see `Report` in ragen_envs/_core.pyi). The GIL is
+/// released while the suite plays the plugin.
+#[pyfunction]
+#[pyo3(signature = (path, settings, seeds, budget_seconds))]
+fn validate<'py>(
+    py: Python<'py>,
+    path: &str,
+    settings: Vec<(String, String)>,
+    seeds: u64,
+    budget_seconds: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    if !budget_seconds.is_finite() || budget_seconds <= 0.0 {
+        return Err(PyValueError::new_err(format!("budget {budget_seconds}: use a positive number of seconds")));
+    }
+    let opts = ragen_conformance::Options { settings, seeds, budget: Duration::from_secs_f64(budget_seconds), ..Default::default() };
+    let report = py.detach(|| ragen_conformance::validate(std::path::Path::new(path), &opts, &mut |_| {}));
+    let checks = PyList::empty(py);
+    for c in &report.checks {
+        let d = PyDict::new(py);
+        d.set_item("name", c.name)?;
+        d.set_item("status", c.status.as_str())?;
+        d.set_item("message", &c.message)?;
+        checks.append(d)?;
+    }
+    let problems = PyList::empty(py);
+    for p in &report.problems {
+        let d = PyDict::new(py);
+        d.set_item("severity", p.severity.as_str())?;
+        d.set_item("rule", p.rule)?;
+        d.set_item("message", &p.message)?;
+        problems.append(d)?;
+    }
+    let d = PyDict::new(py);
+    d.set_item("file", &report.file)?;
+    d.set_item("passed", report.passed())?;
+    d.set_item("checks", checks)?;
+    d.set_item("problems", problems)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Pool>()?;
+    m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_class::<rollouts::Rollouts>()?;
     m.add("EnvFailureError", m.py().get_type::<EnvFailureError>())?;
     Ok(())

@@ -10,12 +10,20 @@
 //! applies when no match was found, when any name was unknown, or when no
 //! valid action is left.
 //!
+//! The separator and the matching are the runtime's
+//! ([`ragen_runtime::ACTION_SEPARATOR`], [`ragen_runtime::action_name_key`]),
+//! not this module's: the runtime's spec checker, which refuses a spec
+//! when loading it, holds the rules that follow from them (names equal
+//! ignoring case and surrounding spaces are refused; names holding `||` or
+//! `<` are warned about), and it cannot depend on this crate, which depends
+//! on it. Using its items here keeps the parser and those rules the same.
+//!
 //! For an env whose actions are text (`action-space.text`, e.g.
 //! Countdown), the whole answer, trimmed, is the one action of the turn:
 //! it is not split on `||`, and it is penalised, and not sent, when it is
 //! empty or longer than the env's `max-bytes`.
 
-use ragen_runtime::{ActionSpace, EnvSpec};
+use ragen_runtime::{ACTION_SEPARATOR, ActionSpace, EnvSpec, action_name_key};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
@@ -42,7 +50,8 @@ pub struct Parsed {
 pub struct ResponseParser {
     pattern: Regex,
     think: bool,
-    actions_lower: Vec<String>,
+    /// Each action name's [`action_name_key`].
+    action_keys: Vec<String>,
     max_actions_per_turn: usize,
     /// `Some(max-bytes)` when the answer itself is the action.
     text_max_bytes: Option<usize>,
@@ -62,7 +71,7 @@ impl ResponseParser {
         Self {
             pattern: Regex::new(pattern).expect("a fixed, valid pattern"),
             think: enable_think,
-            actions_lower: actions.iter().map(|a| a.to_lowercase()).collect(),
+            action_keys: actions.iter().map(|a| action_name_key(a)).collect(),
             max_actions_per_turn,
             text_max_bytes: None,
         }
@@ -88,9 +97,15 @@ impl ResponseParser {
             let penalised = text.is_none();
             return Parsed { think, answer: Some(answer), actions: vec![], text, proposed: 1, penalised };
         }
-        let parts: Vec<&str> = answer.split("||").map(str::trim).filter(|p| !p.is_empty()).take(self.max_actions_per_turn).collect();
-        let actions: Vec<u32> =
-            parts.iter().filter_map(|p| self.actions_lower.iter().position(|a| *a == p.to_lowercase()).map(|i| i as u32)).collect();
+        let parts: Vec<&str> =
+            answer.split(ACTION_SEPARATOR).map(str::trim).filter(|p| !p.is_empty()).take(self.max_actions_per_turn).collect();
+        let actions: Vec<u32> = parts
+            .iter()
+            .filter_map(|p| {
+                let key = action_name_key(p);
+                self.action_keys.iter().position(|a| *a == key).map(|i| i as u32)
+            })
+            .collect();
         let (proposed, penalised) = (parts.len(), actions.is_empty() || actions.len() != parts.len());
         Parsed { think, answer: Some(answer), actions, text: None, proposed, penalised }
     }
@@ -119,6 +134,23 @@ mod tests {
     #[test]
     fn mixed_case_matches() {
         check("<think></think><answer>uP || LEFT || down</answer>", &[0, 2, 1], false);
+    }
+
+    /// The runtime refuses a spec whose names the parser could not tell
+    /// apart, and only such a spec: the second of two names equal ignoring
+    /// case (and surrounding spaces) would always parse as the first.
+    #[test]
+    fn the_runtime_refuses_exactly_the_names_the_parser_confuses() {
+        use ragen_runtime::ReportLimits;
+        let pairs = [("Up", "UP"), ("Up", " up "), ("É", "é"), ("Up", "Upp"), ("Straße", "STRASSE"), ("Left", "Right")];
+        for (a, b) in pairs {
+            let names = vec![a.to_string(), b.to_string()];
+            let confused = ResponseParser::new(&names, false, 1).parse(&format!("<answer>{b}</answer>")).actions != [1];
+            let mut spec = crate::prompt::tests::spec();
+            spec.action_space = ActionSpace::Names(names);
+            let refused = ReportLimits::default().check_spec(&spec).is_err();
+            assert_eq!(refused, confused, "{a:?} and {b:?}: refused {refused}, confused by the parser {confused}");
+        }
     }
 
     #[test]

@@ -65,23 +65,40 @@ impl PluginInstance {
     }
 
     /// The plugin's self-description, refused (a [`FaultKind::Contract`]
-    /// fault) when it is outside [`SandboxLimits::report`].
+    /// fault) when the spec checker finds an error in it under
+    /// [`SandboxLimits::report`].
     pub fn info(&mut self) -> Result<PluginInfo, Fault> {
-        let info = self.call("info", |b, s| b.call_info(s))?;
+        let info = self.info_unchecked()?;
         self.limits.report.check_info(&info).map_err(|m| contract_fault("info", m))?;
         Ok(info)
+    }
+
+    /// [`info`](Self::info)'s answer as the plugin gave it, errors and all:
+    /// for a conformance tool that lists every problem at once
+    /// ([`ReportLimits::info_problems`](crate::ReportLimits::info_problems)).
+    /// Anything that uses the answer calls [`info`](Self::info).
+    pub fn info_unchecked(&mut self) -> Result<PluginInfo, Fault> {
+        self.call("info", |b, s| b.call_info(s))
     }
 
     pub fn create(&mut self, config: &[(String, String)]) -> Result<Result<EnvHandle, EnvError>, Fault> {
         self.call("create", |b, s| b.env().call_create(s, config)).map(|r| r.map(EnvHandle))
     }
 
-    /// The env's spec, refused (a [`FaultKind::Contract`] fault) when it is
-    /// outside [`SandboxLimits::report`].
+    /// The env's spec, refused (a [`FaultKind::Contract`] fault) when the
+    /// spec checker finds an error in it under [`SandboxLimits::report`].
     pub fn spec(&mut self, env: EnvHandle) -> Result<EnvSpec, Fault> {
-        let spec = self.call("spec", |b, s| b.env().call_spec(s, env.0))?;
+        let spec = self.spec_unchecked(env)?;
         self.limits.report.check_spec(&spec).map_err(|m| contract_fault("spec", m))?;
         Ok(spec)
+    }
+
+    /// [`spec`](Self::spec)'s answer as the plugin gave it, errors and all:
+    /// for a conformance tool that lists every problem at once
+    /// ([`ReportLimits::spec_problems`](crate::ReportLimits::spec_problems)).
+    /// Anything that uses the answer calls [`spec`](Self::spec).
+    pub fn spec_unchecked(&mut self, env: EnvHandle) -> Result<EnvSpec, Fault> {
+        self.call("spec", |b, s| b.env().call_spec(s, env.0))
     }
 
     pub fn reset(&mut self, env: EnvHandle, seed: u64) -> Result<Result<String, EnvError>, Fault> {

@@ -8,6 +8,10 @@
 //!   (wasmtime's cache; see the `cache` module for its trust model).
 //! * [`EnvPool`] runs many envs across worker threads with one batched API,
 //!   autoreset, and fault containment (see the `pool` module docs).
+//! * [`ReportLimits::spec_problems`] and [`info_problems`](ReportLimits::info_problems)
+//!   are the one checker of what a plugin says about itself: every
+//!   [`Problem`] with a [`Severity`], errors refused at load (see the
+//!   `spec_check` module docs, which also hold the action names' syntax).
 //!
 //! The guest gets no capabilities. WASI is linked so that runtimes which
 //! call it in ordinary work (CPython, StarlingMonkey) run, but it grants
@@ -24,6 +28,7 @@ mod pool;
 mod reported;
 mod sandbox;
 mod shard;
+mod spec_check;
 mod wasi;
 
 pub use bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo, StepResult};
@@ -35,6 +40,7 @@ pub use plugin::Plugin;
 pub use pool::{EnvFailure, EnvPool, FailureKind, PoolConfig, PoolStats, PoolStep, next_seed};
 pub use reported::ReportLimits;
 pub use sandbox::{Fault, FaultKind, SandboxLimits};
+pub use spec_check::{ACTION_SEPARATOR, Problem, RESERVED_IN_ACTION_NAMES, Severity, action_name_key};
 
 /// wasmtime 48 has its own error type; this lifts it into `anyhow` so that
 /// `.context(...)` can say which plugin and which call failed.

@@ -3,9 +3,12 @@
 //! (a sampler's action table, a prompt, a tokenizer's vocabulary), and every
 //! limit is a loop bound. [`PluginInstance::info`](crate::PluginInstance::info)
 //! and [`spec`](crate::PluginInstance::spec) refuse an answer outside these
-//! bounds, so no consumer has to check again.
+//! bounds, so no consumer has to check again. The rules themselves, these
+//! bounds and the rest, are the spec checker's (the `spec_check` module);
+//! here is the verdict the host loads by.
 
-use crate::{ActionSpace, EnvSpec, PluginInfo};
+use crate::spec_check::Problem;
+use crate::{EnvSpec, PluginInfo};
 
 /// The largest self-description the host accepts. The defaults are far
 /// above what any text environment needs and far below what would hurt.
@@ -50,98 +53,23 @@ impl Default for ReportLimits {
 }
 
 impl ReportLimits {
-    fn text(&self, what: &str, s: &str) -> Result<(), String> {
-        if s.len() > self.max_text_bytes {
-            return Err(format!("{what} is {} bytes long, over the limit of {} bytes", s.len(), self.max_text_bytes));
-        }
-        Ok(())
-    }
-
-    fn entries(&self, what: &str, n: usize) -> Result<(), String> {
-        if n > self.max_entries {
-            return Err(format!("{n} {what}, over the limit of {}", self.max_entries));
-        }
-        Ok(())
-    }
-
-    /// `info()`'s answer within bounds, or what is wrong with it.
+    /// `info()`'s answer as the host takes it: `Err` naming every
+    /// [`Severity::Error`](crate::Severity::Error) that
+    /// [`info_problems`](Self::info_problems) finds (warnings load).
     pub fn check_info(&self, info: &PluginInfo) -> Result<(), String> {
-        if info.name.trim().is_empty() {
-            return Err("the plugin's name is empty".into());
-        }
-        self.text("the name", &info.name)?;
-        self.text("the version", &info.version)?;
-        self.text("the description", &info.description)?;
-        self.entries("config keys", info.config_keys.len())?;
-        for k in &info.config_keys {
-            self.text("a config key's name", &k.name)?;
-            self.text(&format!("config key `{}`'s default", k.name), &k.default_value)?;
-            self.text(&format!("config key `{}`'s description", k.name), &k.description)?;
-        }
-        Ok(())
+        refusal(self.info_problems(info))
     }
 
-    fn check_names(&self, names: &[String]) -> Result<(), String> {
-        if names.is_empty() {
-            return Err("the action list is empty; an environment needs at least one action".into());
-        }
-        if names.len() > self.max_actions {
-            return Err(format!("{} actions, over the limit of {}", names.len(), self.max_actions));
-        }
-        for (i, a) in names.iter().enumerate() {
-            if a.trim().is_empty() {
-                return Err(format!("action #{i} has an empty name"));
-            }
-            self.text(&format!("action #{i}'s name"), a)?;
-            if names[..i].contains(a) {
-                return Err(format!("action `{a}` is listed twice; action names must be unique"));
-            }
-        }
-        Ok(())
-    }
-
-    /// `spec()`'s answer within bounds, or what is wrong with it.
+    /// `spec()`'s answer as the host takes it: `Err` naming every
+    /// [`Severity::Error`](crate::Severity::Error) that
+    /// [`spec_problems`](Self::spec_problems) finds (warnings load).
     pub fn check_spec(&self, spec: &EnvSpec) -> Result<(), String> {
-        if spec.instructions.len() > self.max_instructions_bytes {
-            return Err(format!(
-                "the instructions are {} bytes long, over the limit of {} bytes",
-                spec.instructions.len(),
-                self.max_instructions_bytes
-            ));
-        }
-        match &spec.action_space {
-            ActionSpace::Names(names) => self.check_names(names)?,
-            ActionSpace::Text(text) => {
-                if text.max_bytes == 0 || text.max_bytes > self.max_text_action_bytes {
-                    return Err(format!(
-                        "the text action space's max-bytes is {}; it must be between 1 and {}",
-                        text.max_bytes, self.max_text_action_bytes
-                    ));
-                }
-                self.text("the text action space's form", &text.form)?;
-            }
-        }
-        self.entries("legend entries", spec.legend.len())?;
-        for l in &spec.legend {
-            self.text("a legend symbol", &l.symbol)?;
-            self.text(&format!("legend symbol `{}`'s meaning", l.symbol), &l.meaning)?;
-        }
-        self.entries("metrics", spec.metrics.len())?;
-        for m in &spec.metrics {
-            self.text("a metric's name", m)?;
-        }
-        let l = &spec.limits;
-        let ranges = [
-            ("max-turns", l.max_turns, self.max_turns),
-            ("max-actions-per-turn", l.max_actions_per_turn, self.max_actions_per_turn),
-            ("max-actions-per-episode", l.max_actions_per_episode, self.max_actions_per_episode),
-            ("max-steps", l.max_steps, self.max_actions_per_episode),
-        ];
-        for (name, value, max) in ranges {
-            if value == 0 || value > max {
-                return Err(format!("limits.{name} is {value}; it must be between 1 and {max}"));
-            }
-        }
-        Ok(())
+        refusal(self.spec_problems(spec))
     }
+}
+
+/// The errors among `problems`, joined, or `Ok` when there are none.
+fn refusal(problems: Vec<Problem>) -> Result<(), String> {
+    let errors: Vec<String> = problems.into_iter().filter(Problem::is_error).map(|p| p.message).collect();
+    if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
 }

@@ -15,6 +15,8 @@
 //! - **Faults stay in their session.** A plugin that traps, loops or runs
 //!   out of memory fails that session's episode with an error frame; the
 //!   pool replaces the instance and the other sessions go on.
+//! - **Start-up.** The plugin's info and spec go through the runtime's spec
+//!   checker: its errors refuse to start, its warnings are logged.
 //! - **Limits.** A session cap (503 beyond it), an idle timeout, a request
 //!   size limit (the plugin's own observation cap applies to replies), an
 //!   optional bearer token, and a graceful shutdown: in-flight steps finish,
@@ -138,6 +140,7 @@ impl Server {
             bail!("--max-sessions must be at least 1");
         }
         let (info, spec) = plugin.describe(&config.settings)?;
+        log_spec_warnings(&plugin, &info, &spec);
         let pool_config = PoolConfig {
             threads: config.threads.max(1),
             envs_per_instance: config.envs_per_instance,
@@ -182,6 +185,23 @@ impl Server {
             warn!(sessions = tracker.len(), "sessions still open after the drain timeout; stopping anyway");
         }
         Ok(())
+    }
+}
+
+/// Log, one line each, the spec checker's warnings about the plugin's info
+/// and spec: what the host lets through but a careful author would fix
+/// (its errors [`Plugin::describe`] has already refused, as every host does).
+///
+/// Serve runs these checks only, not the conformance suite
+/// (`ragen-conformance`, what `ragen-host validate` runs): the suite plays
+/// episodes for a second or more, times the plugin on the machine that is
+/// about to serve, and judges the plugin rather than this server's use of
+/// it. It belongs before the plugin is shared, and serving a plugin that
+/// fails it is the operator's choice, so there is no switch to turn off.
+fn log_spec_warnings(plugin: &Plugin, info: &PluginInfo, spec: &EnvSpec) {
+    let limits = &plugin.limits().report;
+    for problem in limits.info_problems(info).into_iter().chain(limits.spec_problems(spec)) {
+        warn!(rule = problem.rule, severity = problem.severity.as_str(), "{problem} (`ragen-host validate` checks the plugin in full)");
     }
 }
 

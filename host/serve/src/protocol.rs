@@ -19,7 +19,7 @@
 //! `metadata` object is accepted and ignored, as OpenEnv's `Action` has one.
 //! The observation holds the plugin's text and its step info.
 
-use ragen_runtime::{Action, ActionSpace, EnvSpec, PluginInfo, PoolStep};
+use ragen_runtime::{Action, ActionSpace, EnvSpec, PluginInfo, PoolStep, action_name_key};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
@@ -194,10 +194,15 @@ impl ActionParser {
         }
         let n = self.names.len();
         match value {
-            Value::String(name) => match self.names.iter().position(|a| a.eq_ignore_ascii_case(name.trim())) {
-                Some(id) => Ok(Action::Id(id as u32)),
-                None => Err(ProtocolError::invalid(format!("unknown action `{name}`; this env's actions: {}", self.names.join(", ")))),
-            },
+            // Matched as the agent's answers are: the runtime refuses a spec
+            // whose names this could not tell apart.
+            Value::String(name) => {
+                let key = action_name_key(name);
+                match self.names.iter().position(|a| action_name_key(a) == key) {
+                    Some(id) => Ok(Action::Id(id as u32)),
+                    None => Err(ProtocolError::invalid(format!("unknown action `{name}`; this env's actions: {}", self.names.join(", ")))),
+                }
+            }
             Value::Number(id) => match id.as_u64() {
                 Some(id) if (id as usize) < n => Ok(Action::Id(id as u32)),
                 _ => Err(ProtocolError::invalid(format!(

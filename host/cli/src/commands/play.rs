@@ -134,8 +134,10 @@ impl Game {
         match &spec.action_space {
             ActionSpace::Text(_) => actions.push((Action::Text(command.to_string()), command.to_string())),
             ActionSpace::Names(names) => {
-                for word in command.split("||").map(str::trim).filter(|w| !w.is_empty()) {
-                    match names.iter().position(|a| a.eq_ignore_ascii_case(word)) {
+                // Split and matched as the agent's answers are.
+                for word in command.split(ragen_runtime::ACTION_SEPARATOR).map(str::trim).filter(|w| !w.is_empty()) {
+                    let key = ragen_runtime::action_name_key(word);
+                    match names.iter().position(|a| ragen_runtime::action_name_key(a) == key) {
                         Some(id) => actions.push((Action::Id(id as u32), names[id].clone())),
                         None => writeln!(out, "unknown action `{word}` (skipped); actions are: {}", names.join(", "))?,
                     }

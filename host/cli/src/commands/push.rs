@@ -47,7 +47,7 @@ impl PushCommand {
         } else {
             let report = run_with_spinner(&self.file, &validate);
             if !report.passed() {
-                crate::output::eprint(&escape(&report.to_text()));
+                crate::output::eprint(&escape(&crate::commands::validate::to_text(&report)));
                 bail!(
                     "refusing to push `{}`: it fails validation (above). Fix the plugin, or push it anyway with --force",
                     self.file.display()
