@@ -14,7 +14,7 @@ use anyhow::{Result, ensure};
 use burn::module::AutodiffModule;
 use ragen_agent::{Policy, Tokenizer};
 use ragen_llm::{Llm, LlmConfig, LlmPolicy, LlmSampling, Pretrained};
-use ragen_policy::TrainBackend;
+use ragen_ops::TrainBackend;
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModel, PolicyModelConfig, PolicyNetwork, SamplingConfig};
 use ragen_runtime::{ActionSpace, EnvSpec};
 use std::path::{Path, PathBuf};

@@ -28,7 +28,8 @@ use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::{Tokenizer, Trajectory};
 use ragen_env_sdk::SeedRng;
-use ragen_policy::{AnswerGrammar, PolicyModel, PolicyNetwork, ScoreOptions, ScoringBackend, token_scores};
+use ragen_ops::{ScoreOptions, ScoringBackend, token_scores};
+use ragen_policy::{AnswerGrammar, PolicyModel, PolicyNetwork};
 use std::path::Path;
 
 /// Every hyper-parameter of the update, named as in the reference.
@@ -448,7 +449,7 @@ where
 /// weigh `n_pass / n`, so the sum is the mini-batch's token mean, while
 /// only a few passes' graphs are in memory at a time (a pretrained
 /// model's activations for a whole mini-batch would not fit). On flex one
-/// pass runs per core ([`ragen_policy::concurrent_passes`]). A non-finite
+/// pass runs per core ([`ragen_ops::concurrent_passes`]). A non-finite
 /// gradient skips the step and hands the model back unchanged.
 #[allow(clippy::type_complexity)]
 fn descend<B, M>(
@@ -472,14 +473,14 @@ where
             Some((*chunk, &picked[*at - chunk.len()..*at]))
         })
         .collect();
-    let results = ragen_policy::concurrent_passes(&model, work, |m: &M, (chunk, picked)| pass(m, chunk, picked));
+    let results = ragen_ops::concurrent_passes(&model, work, |m: &M, (chunk, picked)| pass(m, chunk, picked));
     let mut stats = UpdateStats::default();
     let mut all = Vec::with_capacity(results.len());
     for (grads, share) in results {
         all.push(grads);
         stats.add(&share);
     }
-    let mut grads = ragen_policy::sum_gradients(&model, all);
+    let mut grads = ragen_ops::sum_gradients(&model, all);
     let norm = global_norm(&model, &grads);
     if !norm.is_finite() {
         return Err((model, anyhow::anyhow!("the gradient norm is {norm}; the step was skipped and the model is unchanged by it")));

@@ -62,7 +62,7 @@ fn rate(min_time: Duration, mut f: impl FnMut() -> usize) -> f64 {
 
 /// Measure `model` (an autodiff model, for the backward pass; prefill and
 /// sampling run on its inner backend, as inference does).
-pub fn bench_llm<B: ragen_policy::TrainBackend>(model: &Llm<B>, config: &LlmBenchConfig, device: &B::Device) -> LlmBenchReport {
+pub fn bench_llm<B: ragen_ops::TrainBackend>(model: &Llm<B>, config: &LlmBenchConfig, device: &B::Device) -> LlmBenchReport {
     let inference = model.clone().valid();
     let inner_device = device.clone();
     let b = config.prompts.len();

@@ -12,9 +12,8 @@ use burn::module::Param;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
-use ragen_policy::{
-    AttentionBackend, AttentionHeads, CausalLm, KvCache, LayerCache, OutputLayer, PointwiseBackend, PolicyNetwork, Rotation,
-};
+use ragen_ops::{AttentionBackend, AttentionHeads, OutputLayer, PointwiseBackend};
+use ragen_policy::{CausalLm, KvCache, LayerCache, PolicyNetwork, Rotation};
 use std::path::Path;
 
 /// A pretrained causal language model with a value head.

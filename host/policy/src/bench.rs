@@ -19,6 +19,7 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use ragen_env_sdk::SeedRng;
+use ragen_ops::{ScoreOptions, TrainBackend, concurrent_passes, sum_gradients, token_scores};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -64,7 +65,7 @@ fn rate(min_time: Duration, mut f: impl FnMut() -> usize) -> f64 {
 }
 
 /// Measure `model` (an autodiff model, for the backward pass) under `grammar`.
-pub fn bench_policy<B: crate::TrainBackend>(
+pub fn bench_policy<B: TrainBackend>(
     model: &PolicyModel<B>,
     grammar: &AnswerGrammar,
     config: &PolicyBenchConfig,
@@ -114,7 +115,7 @@ pub fn bench_policy<B: crate::TrainBackend>(
 
 /// One training step's passes as the benches time them, returning the
 /// tokens they handled: over `ids` `[rows, len]` (row-major), split into as
-/// many passes as the backend runs at once ([`crate::concurrent_passes`]),
+/// many passes as the backend runs at once ([`concurrent_passes`]),
 /// the learner's scoring at every position but each row's last (the hidden
 /// states there, then the next token's log-probability through the output
 /// layer as one node), the loss `−mean(log p) + mean(values)` (each pass
@@ -124,22 +125,22 @@ pub fn bench_policy<B: crate::TrainBackend>(
 /// one pass.
 pub fn next_token_pass<B, N>(model: &N, ids: &[i64], [rows, len]: [usize; 2], device: &B::Device) -> usize
 where
-    B: crate::TrainBackend,
+    B: TrainBackend,
     N: PolicyNetwork<B> + AutodiffModule<B>,
 {
     let per_pass = rows.div_ceil(B::passes_at_once().clamp(1, rows.max(1)));
     let parts: Vec<&[i64]> = ids.chunks(per_pass * len).collect();
-    let grads = crate::concurrent_passes(model, parts, |m: &N, part: &[i64]| {
+    let grads = concurrent_passes(model, parts, |m: &N, part: &[i64]| {
         let share = part.len() as f64 / ids.len() as f64;
         let loss = next_token_loss(m, part, [part.len() / len, len], device) * share;
         GradientsParams::from_grads(loss.backward(), m)
     });
-    crate::sum_gradients(model, grads);
+    sum_gradients(model, grads);
     rows * len
 }
 
 /// [`next_token_pass`]'s loss on one pass's rows, `[1]`.
-pub(crate) fn next_token_loss<B: crate::TrainBackend, N: PolicyNetwork<B>>(
+pub(crate) fn next_token_loss<B: TrainBackend, N: PolicyNetwork<B>>(
     model: &N,
     ids: &[i64],
     [rows, len]: [usize; 2],
@@ -153,8 +154,8 @@ pub(crate) fn next_token_loss<B: crate::TrainBackend, N: PolicyNetwork<B>>(
     let (hidden, values) = model.hidden_at_and_values(tokens, at); // [n, d], [rows, len]
     let taken = Tensor::<B, 1, Int>::from_data(TensorData::new(next, [n]), device);
     let head = model.output_layer();
-    let options = crate::ScoreOptions::new(1.0, head.vocab_size());
-    let scores = crate::token_scores(hidden, head, taken, None, options);
+    let options = ScoreOptions::new(1.0, head.vocab_size());
+    let scores = token_scores(hidden, head, taken, None, options);
     scores.logp.mean().neg() + values.mean()
 }
 
@@ -177,5 +178,64 @@ impl PolicyBenchReport {
             self.sample_tokens_per_s_unbatched,
             self.sample_tokens_per_s_cached / self.sample_tokens_per_s_unbatched,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PolicyModelConfig;
+    use burn::backend::{Autodiff, Flex};
+    use burn::module::Module;
+    use ragen_ops::ScoringBackend;
+
+    type Ad = Autodiff<Flex>;
+
+    /// Every parameter's gradient, in the model's order.
+    fn flat(model: &crate::PolicyModel<Ad>, grads: &GradientsParams) -> Vec<f32> {
+        struct Collect<'a>(&'a GradientsParams, Vec<f32>);
+        impl burn::module::ModuleVisitor<Ad> for Collect<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<Ad, D>>) {
+                let g = self.0.get::<Flex, D>(param.id).expect("every parameter has a gradient");
+                self.1.extend(g.into_data().to_vec::<f32>().unwrap());
+            }
+        }
+        let mut c = Collect(grads, vec![]);
+        model.visit(&mut c);
+        c.1
+    }
+
+    /// The gradients of the mean loss over `rows` rows of `ids`, in
+    /// `parts` passes run [`concurrent_passes`] on two threads.
+    fn gradients(model: &crate::PolicyModel<Ad>, ids: &[i64], [rows, len]: [usize; 2], parts: usize) -> Vec<f32> {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        pool.install(|| {
+            assert_eq!(<Ad as ScoringBackend>::passes_at_once(), 2);
+            let work: Vec<&[i64]> = ids.chunks(rows.div_ceil(parts) * len).collect();
+            let grads = concurrent_passes(model, work, |m: &crate::PolicyModel<Ad>, part: &[i64]| {
+                let share = part.len() as f64 / ids.len() as f64;
+                let loss = next_token_loss(m, part, [part.len() / len, len], &Default::default()) * share;
+                GradientsParams::from_grads(loss.backward(), m)
+            });
+            flat(model, &sum_gradients(model, grads))
+        })
+    }
+
+    #[test]
+    fn passes_at_once_add_up_to_the_gradients_of_one_pass() {
+        let device = Default::default();
+        let model = PolicyModelConfig::new(23).with_d_model(16).with_n_heads(2).with_max_seq_len(32).init::<Ad>(&device);
+        let [rows, len] = [5, 12];
+        let ids: Vec<i64> = (0..rows * len).map(|i| (i * 7 % 23) as i64).collect();
+        let one = gradients(&model, &ids, [rows, len], 1);
+        let three = gradients(&model, &ids, [rows, len], 3);
+        assert_eq!(one.len(), three.len());
+        let scale = one.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(scale > 0.0);
+        for (i, (a, b)) in one.iter().zip(&three).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * scale, "gradient {i}: {a} in one pass, {b} in three at once");
+        }
+        // The same passes give the same bits, whichever thread ran which.
+        assert_eq!(three, gradients(&model, &ids, [rows, len], 3));
     }
 }

@@ -12,10 +12,9 @@
 //! design. The learner sees the model only through the policy seam, so a
 //! separate critic can be swapped in without touching it.
 
-use crate::attention::{AttentionBackend, AttentionHeads};
-use crate::pointwise::PointwiseBackend;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
+use ragen_ops::{AttentionBackend, AttentionHeads, PointwiseBackend};
 
 /// The layer norms' ε (Burn's default), which the fused node is handed.
 const NORM_EPSILON: f64 = 1e-5;

@@ -14,7 +14,7 @@ use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use std::path::Path;
 
-use crate::OutputLayer;
+use ragen_ops::{AttentionBackend, OutputLayer, PointwiseBackend};
 
 /// A causal language model with a value head, as the learner sees it.
 pub trait PolicyNetwork<B: Backend>: Module<B> {
@@ -27,7 +27,7 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
     /// a small share of a conversation, and the output layer over the whole
     /// vocabulary at every position would be most of the work. The learner
     /// runs the output layer itself, through
-    /// [`token_scores`](crate::token_scores), a chunk of positions at a time.
+    /// [`token_scores`](ragen_ops::token_scores), a chunk of positions at a time.
     fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>);
 
     /// The output layer: hidden states `[n, d]` to next-token logits `[n, v]`.
@@ -66,7 +66,7 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
     }
 }
 
-impl<B: crate::AttentionBackend + crate::PointwiseBackend> PolicyNetwork<B> for crate::PolicyModel<B> {
+impl<B: AttentionBackend + PointwiseBackend> PolicyNetwork<B> for crate::PolicyModel<B> {
     fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         self.hidden_at(tokens, at)
     }
@@ -78,9 +78,8 @@ impl<B: crate::AttentionBackend + crate::PointwiseBackend> PolicyNetwork<B> for 
     /// Backends without our attention kernel materialise the scores
     /// `[b, h, l, l]`; keep them to 4 Mi floats (16 MiB), which also keeps
     /// them in cache on a CPU. Flex does not materialise them, but passes of
-    /// up to 100 rows were measured slower there (SimpleSokoban's update,
-    /// 4.3 against 4.15 s a step; docs/results.md), so the bound holds for
-    /// every backend.
+    /// up to 100 rows were measured slower there (SimpleSokoban's update;
+    /// docs/results.md), so the bound holds for every backend.
     fn rows_per_pass(&self, len: usize) -> usize {
         ((4 << 20) / (self.n_heads() * len * len).max(1)).max(1)
     }

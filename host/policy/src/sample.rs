@@ -9,6 +9,7 @@ use crate::grammar::{AnswerGrammar, GrammarState};
 use crate::model::{KvCache, PolicyModel};
 use burn::prelude::*;
 use ragen_env_sdk::SeedRng;
+use ragen_ops::{AttentionBackend, PointwiseBackend};
 
 /// A causal language model that extends a KV cache: ours, or a pretrained
 /// one. Sampling needs nothing else.
@@ -28,7 +29,7 @@ pub trait CausalLm<B: Backend> {
     }
 }
 
-impl<B: crate::AttentionBackend + crate::PointwiseBackend> CausalLm<B> for PolicyModel<B> {
+impl<B: AttentionBackend + PointwiseBackend> CausalLm<B> for PolicyModel<B> {
     fn n_layers(&self) -> usize {
         PolicyModel::n_layers(self)
     }
@@ -325,7 +326,7 @@ fn last_rows<B: Backend>(logits: Tensor<B, 2>) -> Vec<Vec<f32>> {
 
 /// Recompute a reply's log-probabilities with one full forward pass over
 /// `prompt + reply`, under the grammar's masks and the temperature.
-pub fn masked_logprobs<B: crate::AttentionBackend + crate::PointwiseBackend>(
+pub fn masked_logprobs<B: AttentionBackend + PointwiseBackend>(
     model: &PolicyModel<B>,
     prompt: &[u32],
     reply: &[u32],

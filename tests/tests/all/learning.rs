@@ -189,7 +189,7 @@ struct OneRowPerPass<B: burn::prelude::Backend> {
     inner: ragen_policy::PolicyModel<B>,
 }
 
-impl<B: ragen_policy::AttentionBackend + ragen_policy::PointwiseBackend> ragen_policy::PolicyNetwork<B> for OneRowPerPass<B> {
+impl<B: ragen_ops::AttentionBackend + ragen_ops::PointwiseBackend> ragen_policy::PolicyNetwork<B> for OneRowPerPass<B> {
     fn hidden_at_and_values(
         &self,
         tokens: burn::prelude::Tensor<B, 2, burn::prelude::Int>,
@@ -198,7 +198,7 @@ impl<B: ragen_policy::AttentionBackend + ragen_policy::PointwiseBackend> ragen_p
         self.inner.hidden_at_and_values(tokens, at)
     }
 
-    fn output_layer(&self) -> ragen_policy::OutputLayer<B> {
+    fn output_layer(&self) -> ragen_ops::OutputLayer<B> {
         self.inner.output_layer()
     }
 

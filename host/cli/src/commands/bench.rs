@@ -412,7 +412,7 @@ impl Report {
 
 /// `bench --policy`: the policy a training config builds for this plugin,
 /// on the first prompts of seeds 123 onwards, on backend `B`.
-pub fn policy<B: ragen_policy::TrainBackend>(
+pub fn policy<B: ragen_ops::TrainBackend>(
     file: &Path,
     config: Option<&Path>,
     batch: usize,
@@ -465,7 +465,7 @@ pub fn policy<B: ragen_policy::TrainBackend>(
 /// prompts of the plugin (as the chat template renders them), `new_tokens`
 /// sampled per reply, and training passes of 4 sequences of 512 tokens (the
 /// shapes `scripts/reference/llm_bench.py` measures PyTorch on).
-pub fn llm<B: ragen_policy::TrainBackend>(
+pub fn llm<B: ragen_ops::TrainBackend>(
     file: &Path,
     model: &Path,
     batch: usize,

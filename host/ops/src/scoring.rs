@@ -31,30 +31,29 @@
 //! What a chunk's rows go through between the logits and the scores (or
 //! back to the logits' gradient) is [`ScoringBackend::row_scores`] and
 //! [`ScoringBackend::row_scores_backward`]: tensor operations on every
-//! backend but flex, where it is one kernel (`score_rows`) that made the
-//! default model's training pass 1.3x faster.
+//! backend but flex, where it is one kernel (`score_rows`) that reads each
+//! row once.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::prelude::*;
+use burn::tensor::IndexingUpdateOp;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{IndexingUpdateOp, TensorPrimitive};
 
+use crate::autodiff::{n_ary, primitive, record, tensor};
 use crate::flex::{F32Values, f32_tensor, f32_values};
 use crate::score_rows;
 
 /// How many floats one chunk's logits may hold: 16 Mi (64 MiB), whatever
 /// the vocabulary (341 rows of SmolLM2's 49,152, 110 of Qwen2.5's 151,936;
 /// every row of a plugin tokenizer's few hundred). Smaller chunks cost
-/// time: each adds a `[d, v]` product and sum to the weight's gradient
-/// (4 Mi floats made SmolLM2's training pass over 4 x 512 tokens 11%
-/// slower than 16 Mi).
+/// time: each adds a `[d, v]` product and sum to the weight's gradient.
 const CHUNK_FLOATS: usize = 16 << 20;
 
 /// An output layer as the scores read it: `logits = x W + b`.
@@ -115,7 +114,7 @@ pub struct TokenScores<B: Backend> {
 /// ```
 /// use burn::backend::{Autodiff, Flex};
 /// use burn::prelude::*;
-/// use ragen_policy::{OutputLayer, ScoreOptions, token_scores};
+/// use ragen_ops::{OutputLayer, ScoreOptions, token_scores};
 ///
 /// type B = Autodiff<Flex>;
 /// let device = Default::default();
@@ -390,20 +389,12 @@ impl<B: ScoringBackend, const N: usize> Backward<B, N> for TokenScoresNode<N> {
     type State = ScoreInputs<B>;
 
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
-        let parents = ops.parents;
-        let wanted = Wanted { hidden: parents[0].is_some(), weight: parents[1].is_some(), bias: N == 3 && parents[N - 1].is_some() };
-        let g = token_scores_backward(ops.state, grad, wanted);
-        let parts = [
-            g.hidden.map(|x| x.into_primitive().tensor()),
-            g.weight.map(|x| x.into_primitive().tensor()),
-            g.bias.map(|x| x.into_primitive().tensor()),
-        ];
-        for (parent, part) in parents.into_iter().zip(parts) {
-            if let (Some(node), Some(part)) = (parent, part) {
-                grads.register::<B>(node.id, part);
-            }
-        }
+        n_ary(ops, grads, |inputs: ScoreInputs<B>, grad: Tensor<B, 2>, parents: [bool; N]| {
+            let wanted = Wanted { hidden: parents[0], weight: parents[1], bias: N == 3 && parents[N - 1] };
+            let g = token_scores_backward(inputs, grad, wanted);
+            // Without a bias (`N` = 2) the third part is `None` and has no parent to go to.
+            [g.hidden.map(primitive), g.weight.map(primitive), g.bias.map(primitive)]
+        });
     }
 }
 
@@ -415,43 +406,26 @@ impl<B: ScoringBackend, C: CheckpointStrategy> ScoringBackend for Autodiff<B, C>
         allowed: Option<Tensor<Self, 2, Bool>>,
         options: ScoreOptions,
     ) -> Tensor<Self, 2> {
-        let hidden = hidden.into_primitive().tensor();
-        let weight = head.weight.into_primitive().tensor();
-        let bias = head.bias.map(|b| b.into_primitive().tensor());
-        let float2 = |x: &FloatTensor<B>| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x.clone()));
+        let hidden = primitive(hidden);
+        let weight = primitive(head.weight);
+        let bias = head.bias.map(primitive);
+        let inner = |x: &FloatTensor<B>| tensor::<B, 2>(x.clone());
         let inputs = ScoreInputs::<B> {
-            hidden: float2(&hidden.primitive),
-            head: OutputLayer {
-                weight: float2(&weight.primitive),
-                bias: bias.as_ref().map(|b| Tensor::from_primitive(TensorPrimitive::Float(b.primitive.clone()))),
-            },
+            hidden: inner(&hidden.primitive),
+            head: OutputLayer { weight: inner(&weight.primitive), bias: bias.as_ref().map(|b| tensor::<B, 1>(b.primitive.clone())) },
             taken: Tensor::from_primitive(taken.into_primitive()),
             allowed: allowed.map(|a| Tensor::from_primitive(a.into_primitive())),
             options,
         };
-        let forward = |i: &ScoreInputs<B>| {
-            B::token_scores(i.hidden.clone(), i.head.clone(), i.taken.clone(), i.allowed.clone(), i.options).into_primitive().tensor()
-        };
-        let out = match &bias {
-            None => match TokenScoresNode::<2>.prepare::<C>([hidden.node.clone(), weight.node.clone()]).compute_bound().stateful() {
-                OpsKind::Tracked(prep) => {
-                    let out = forward(&inputs);
-                    prep.finish(inputs, out)
-                }
-                OpsKind::UnTracked(prep) => prep.finish(forward(&inputs)),
-            },
+        let i = &inputs;
+        let out = primitive(B::token_scores(i.hidden.clone(), i.head.clone(), i.taken.clone(), i.allowed.clone(), i.options));
+        match &bias {
+            None => record(TokenScoresNode::<2>.prepare::<C>([hidden.node.clone(), weight.node.clone()]).compute_bound(), inputs, out),
             Some(b) => {
                 let nodes = [hidden.node.clone(), weight.node.clone(), b.node.clone()];
-                match TokenScoresNode::<3>.prepare::<C>(nodes).compute_bound().stateful() {
-                    OpsKind::Tracked(prep) => {
-                        let out = forward(&inputs);
-                        prep.finish(inputs, out)
-                    }
-                    OpsKind::UnTracked(prep) => prep.finish(forward(&inputs)),
-                }
+                record(TokenScoresNode::<3>.prepare::<C>(nodes).compute_bound(), inputs, out)
             }
-        };
-        Tensor::from_primitive(TensorPrimitive::Float(out))
+        }
     }
 
     fn passes_at_once() -> usize {

@@ -1,5 +1,6 @@
-//! Zero-copy passage between flex tensors and the slices our CPU kernels
-//! read and write.
+//! What our flex (CPU) kernels share: zero-copy passage between flex
+//! tensors and the slices the kernels read and write, and the size of
+//! their parallel tasks.
 //!
 //! Going through `TensorData` costs a copy each way: `into_data` copies a
 //! tensor another node still holds (every tensor an autodiff node keeps for
@@ -9,9 +10,20 @@
 
 use burn::backend::Flex;
 use burn::prelude::*;
-use burn::tensor::{Bytes, DType, TensorPrimitive};
+use burn::tensor::{Bytes, DType};
 use burn_flex::{FlexTensor, Layout};
 use std::ops::Deref;
+
+use crate::autodiff::{primitive, tensor};
+
+/// Floats per parallel task: enough that a task outweighs its scheduling,
+/// few enough that a pass of a few thousand rows still splits over cores.
+pub(crate) const TASK_FLOATS: usize = 16_384;
+
+/// Whole rows `d` wide per parallel task, about [`TASK_FLOATS`].
+pub(crate) fn rows_per_task(d: usize) -> usize {
+    (TASK_FLOATS / d.max(1)).max(1)
+}
 
 /// A flex tensor's values as a contiguous `[f32]`, row-major.
 pub(crate) struct F32Values(FlexTensor);
@@ -27,7 +39,7 @@ impl Deref for F32Values {
 /// `x`'s values, borrowed when `x` is contiguous f32 (the usual case),
 /// copied into order (and converted) otherwise.
 pub(crate) fn f32_values<const D: usize>(x: Tensor<Flex, D>) -> F32Values {
-    let x = x.into_primitive().tensor();
+    let x = primitive(x);
     let x = if x.dtype() == DType::F32 { x.to_contiguous() } else { FlexTensor::from_data(x.into_data().convert::<f32>()) };
     F32Values(x)
 }
@@ -36,5 +48,5 @@ pub(crate) fn f32_values<const D: usize>(x: Tensor<Flex, D>) -> F32Values {
 pub(crate) fn f32_tensor<const D: usize>(values: Vec<f32>, dims: [usize; D]) -> Tensor<Flex, D> {
     assert_eq!(values.len(), dims.iter().product::<usize>(), "values for shape {dims:?}");
     let x = FlexTensor::new(Bytes::from_elems(values), Layout::contiguous(dims.into()), DType::F32);
-    Tensor::from_primitive(TensorPrimitive::Float(x))
+    tensor(x)
 }

@@ -4,12 +4,13 @@
 //! Composed from tensor operations (divide, mask, log-softmax, gather,
 //! `exp · log`, and in the backward pass exp, multiply, scatter, divide),
 //! a chunk of `[c, v]` logits went through a dozen operations, each
-//! allocating, zeroing and filling a `[c, v]` tensor, with a scalar `exp`.
-//! For the default model (one chunk of 9,152 × 422 logits per pass) that
-//! was a quarter of a training pass on one thread. Here each row is read
-//! once into a scratch row and gone over three times in vector registers;
-//! the forward pass writes two numbers per row, the backward pass the
-//! logits' gradient, its only `[c, v]` allocation.
+//! allocating, zeroing and filling a `[c, v]` tensor, with a scalar `exp`:
+//! for the default model, a large share of a training pass
+//! (docs/results.md, "A pool per pass, memory kept, and token scores in one
+//! kernel"). Here each row is read once into a scratch row and gone over
+//! three times in vector registers; the forward pass writes two numbers per
+//! row, the backward pass the logits' gradient, its only `[c, v]`
+//! allocation.
 //!
 //! Per row, with `s = z / T` (forbidden tokens at −1e9), `m = max s`,
 //! `d = s − m`, `e = exp d`, `S = Σ e`:
@@ -23,12 +24,9 @@
 //! already, and the clamp keeps `0 · d` from being `0 · −∞` (NaN) for the
 //! scratch row's padding. The taken token's score uses its unclamped `d`.
 
-use crate::attention::exp;
-use crate::pointwise::rows_per_task;
+use crate::flex::rows_per_task;
+use crate::simd::{LANES, exp, max_lane};
 use rayon::prelude::*;
-
-/// The most lanes any instruction set has; scratch rows are padded to it.
-const LANES: usize = 16;
 
 /// Where `d` is clamped before it multiplies (see the module doc).
 const D_FLOOR: f32 = -1.0e4;
@@ -146,7 +144,7 @@ impl pulp::WithSimd for Kernel<'_> {
 fn row_sums<S: pulp::Simd>(simd: S, s: &[f32], e: &mut [f32]) -> RowSums {
     let (s, _) = S::as_simd_f32s(s);
     let (e, _) = S::as_mut_simd_f32s(e);
-    let max = simd.reduce_max_f32s(s.iter().fold(simd.splat_f32s(f32::NEG_INFINITY), |m, &x| simd.max_f32s(m, x)));
+    let max = max_lane(simd, s);
     let (m, floor) = (simd.splat_f32s(max), simd.splat_f32s(D_FLOOR));
     let (mut total, mut weighted) = (simd.splat_f32s(0.0), simd.splat_f32s(0.0));
     for (&s, e) in s.iter().zip(e.iter_mut()) {

@@ -5,9 +5,8 @@
 //! reference composition (`attention_fallback`): the scores `[b, h, t, p]`
 //! go through a dozen element-wise operations (scale, masks, max, shift,
 //! exp, sum, divide), each of which reads and writes the whole score tensor
-//! and records a node whose backward does as much again. For the policy's
-//! shapes (32 rows of 314 tokens, 4 heads) that is 50 MB per operation and
-//! the larger part of a training pass on a CPU.
+//! and records a node whose backward does as much again: on a CPU, the
+//! larger part of a training pass.
 //!
 //! [`AttentionBackend::causal_attention`] is one autodiff node instead. Its
 //! forward pass is one fused kernel (ours on flex, the backend's own
@@ -28,19 +27,18 @@
 //! (grouped-query attention, as Llama and Qwen2 use). The usual split into
 //! `[b, h, t, k]`, a copy of each head per query head and a merge back are
 //! copies that each cost a pass over memory (and, under autodiff, a
-//! backward pass): in a pretrained model's prefill they took about a fifth
-//! of the time. The keys and values may also be a cache's buffers with room
-//! for more positions than are filled ([`crate::KvCache`]), which the kernel
-//! reads in place.
+//! backward pass), a sizeable share of a pretrained model's prefill. The
+//! keys and values may also be a KV cache's buffers with room for more
+//! positions than are filled, which the kernel reads in place.
 //!
 //! On flex our kernel does this a block of 8 queries at a time, without
 //! materialising any `[t, p]` tensor and skipping the causally hidden half;
 //! one task serves a key/value head and the query heads that read it. Each
 //! product (scores, probabilities times values, and the backward pass's
 //! five) keeps a block of outputs in vector registers while the shared
-//! dimension goes by, as a matrix-product microkernel does. (A row at a
-//! time, every multiply-add also loaded and stored its accumulator; the
-//! blocks took the default model's training pass 1.3x faster.) Other
+//! dimension goes by, as a matrix-product microkernel does: a row at a
+//! time, every multiply-add would also load and store its accumulator
+//! (docs/results.md, "Attention in blocks, and a pass per core"). Other
 //! backends (wgpu, CUDA, LibTorch) run the same equations as tensor
 //! operations, which is still far fewer passes than the fallback's graph.
 //! [`AttentionBackend::packed_causal_attention`] is the same node on the
@@ -50,17 +48,16 @@ use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::prelude::*;
-use burn::tensor::TensorPrimitive;
 use burn::tensor::activation::softmax;
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::module::attention;
 use burn::tensor::ops::{AttentionModuleOptions, BoolTensor, FloatTensor};
 use rayon::prelude::*;
 
+use crate::autodiff::{n_ary, primitive, record, tensor, unary};
 use crate::flex::{f32_tensor, f32_values};
-use crate::{PointwiseBackend, ScoringBackend};
+use crate::simd::{LANES, axpy, dot, exp, load, max_lane, store};
 
 /// How many heads an attention call has: `query` heads read `key_value`
 /// heads, each key/value head serving `query / key_value` consecutive query
@@ -194,21 +191,6 @@ fn share<B: Backend>(x: Tensor<B, 4>, h: usize) -> Tensor<B, 4> {
     if g == h { x } else { x.unsqueeze_dim::<5>(2).expand([b, g, h / g, p, k]).reshape([b, h, p, k]) }
 }
 
-/// What the learner trains on: an autodiff backend with the fused attention,
-/// layer norm, GELU and scoring nodes, whose inner backend (sampling and no-gradient passes)
-/// has them too.
-pub trait TrainBackend:
-    AutodiffBackend<InnerBackend: AttentionBackend + PointwiseBackend + ScoringBackend> + AttentionBackend + PointwiseBackend + ScoringBackend
-{
-}
-
-impl<B> TrainBackend for B
-where
-    B: AutodiffBackend + AttentionBackend + PointwiseBackend + ScoringBackend,
-    B::InnerBackend: AttentionBackend + PointwiseBackend + ScoringBackend,
-{
-}
-
 /// The backward equations as tensor operations, for any backend.
 fn attention_backward_tensors<B: Backend>(
     q: Tensor<B, 3>,
@@ -288,7 +270,7 @@ impl AttentionBackend for burn::backend::Flex {
 
     fn write_rows(buffer: Tensor<Self, 3>, at: usize, rows: Tensor<Self, 3>) -> Tensor<Self, 3> {
         let ([b, room, w], t) = (buffer.dims(), rows.dims()[1]);
-        let mut x = buffer.into_primitive().tensor();
+        let mut x = primitive(buffer);
         let whole = x.dtype() == burn::tensor::DType::F32 && x.layout().is_contiguous() && x.layout().start_offset() == 0;
         match x.try_storage_mut::<f32>().filter(|s| whole && s.len() == b * room * w) {
             Some(storage) => {
@@ -296,9 +278,9 @@ impl AttentionBackend for burn::backend::Flex {
                 for (bi, new) in rows.chunks_exact(t * w).enumerate() {
                     storage[(bi * room + at) * w..][..t * w].copy_from_slice(new);
                 }
-                Tensor::from_primitive(TensorPrimitive::Float(x))
+                tensor(x)
             }
-            None => Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(x)).slice_assign([0..b, at..at + t, 0..w], rows),
+            None => tensor::<Self, 3>(x).slice_assign([0..b, at..at + t, 0..w], rows),
         }
     }
 
@@ -345,16 +327,10 @@ impl<B: AttentionBackend> Backward<B, 3> for CausalAttention {
     type State = AttentionState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (q, k, v, mask, heads, keys) = ops.state;
-        let float = |x| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(x));
-        let mask = mask.map(Tensor::<B, 3, Bool>::from_primitive);
-        let parts = B::causal_attention_backward(float(q), float(k), float(v), mask, heads, keys, float(grad));
-        for (parent, part) in ops.parents.into_iter().zip(parts) {
-            if let Some(node) = parent {
-                grads.register::<B>(node.id, part.into_primitive().tensor());
-            }
-        }
+        n_ary(ops, grads, |(q, k, v, mask, heads, keys): AttentionState<B>, grad: Tensor<B, 3>, _| {
+            let mask = mask.map(Tensor::<B, 3, Bool>::from_primitive);
+            B::causal_attention_backward(tensor(q), tensor(k), tensor(v), mask, heads, keys, grad).map(|part| Some(primitive(part)))
+        });
     }
 }
 
@@ -367,35 +343,19 @@ impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B
         heads: AttentionHeads,
         keys: usize,
     ) -> Tensor<Self, 3> {
-        let (q, k, v) = (q.into_primitive().tensor(), k.into_primitive().tensor(), v.into_primitive().tensor());
+        let (q, k, v) = (primitive(q), primitive(k), primitive(v));
         let mask: Option<BoolTensor<B>> = mask.map(|m| m.into_primitive());
-        let forward = || {
-            let float = |x: &FloatTensor<B>| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(x.clone()));
-            let mask = mask.clone().map(Tensor::<B, 3, Bool>::from_primitive);
-            B::causal_attention(float(&q.primitive), float(&k.primitive), float(&v.primitive), mask, heads, keys).into_primitive().tensor()
-        };
-        let out = match CausalAttention.prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let out = forward();
-                prep.finish((q.primitive, k.primitive, v.primitive, mask, heads, keys), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(forward()),
-        };
-        Tensor::from_primitive(TensorPrimitive::Float(out))
+        let inner = |x: &FloatTensor<B>| tensor::<B, 3>(x.clone());
+        let inner_mask = mask.clone().map(Tensor::<B, 3, Bool>::from_primitive);
+        let out = primitive(B::causal_attention(inner(&q.primitive), inner(&k.primitive), inner(&v.primitive), inner_mask, heads, keys));
+        let prep = CausalAttention.prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()]).compute_bound();
+        record(prep, (q.primitive, k.primitive, v.primitive, mask, heads, keys), out)
     }
 
     fn packed_causal_attention(qkv: Tensor<Self, 3>, heads: usize) -> Tensor<Self, 3> {
-        let qkv = qkv.into_primitive().tensor();
-        let float = |x: &FloatTensor<B>| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(x.clone()));
-        let forward = || B::packed_causal_attention(float(&qkv.primitive), heads).into_primitive().tensor();
-        let out = match PackedAttention.prepare::<C>([qkv.node.clone()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let out = forward();
-                prep.finish((qkv.primitive, heads), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(forward()),
-        };
-        Tensor::from_primitive(TensorPrimitive::Float(out))
+        let qkv = primitive(qkv);
+        let out = primitive(B::packed_causal_attention(tensor(qkv.primitive.clone()), heads));
+        record(PackedAttention.prepare::<C>([qkv.node.clone()]).compute_bound(), (qkv.primitive, heads), out)
     }
 }
 
@@ -407,14 +367,9 @@ impl<B: AttentionBackend> Backward<B, 1> for PackedAttention {
     type State = (FloatTensor<B>, usize);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = grads.consume::<B>(&ops.node);
-        let (qkv, heads) = ops.state;
-        let float = |x| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(x));
-        let [parent] = ops.parents;
-        if let Some(node) = parent {
-            let dqkv = B::packed_causal_attention_backward(float(qkv), heads, float(grad));
-            grads.register::<B>(node.id, dqkv.into_primitive().tensor());
-        }
+        unary(ops, grads, |(qkv, heads): (FloatTensor<B>, usize), grad: Tensor<B, 3>| {
+            B::packed_causal_attention_backward(tensor(qkv), heads, grad)
+        });
     }
 }
 
@@ -495,11 +450,6 @@ struct Shape {
 /// kernels' copies pay for themselves.
 const ROW_WISE_QUERIES: usize = 8;
 
-/// The blocked kernels' vector: 16 floats, one AVX-512 register or two
-/// AVX2 ones. Keys (in score rows) and channels (in head rows) go in
-/// blocks of this many, their buffers zero-padded to a multiple of it.
-const LANES: usize = 16;
-
 /// One task's gradients: `dq` of its query heads `[h/g, t, k]`, `dk` and
 /// `dv` of its key/value head `[p, k]`.
 type Pieces = [Vec<f32>; 3];
@@ -507,19 +457,17 @@ type Pieces = [Vec<f32>; 3];
 /// One task's key/value head, copied once for all its query heads: the
 /// keys transposed `[k, pp]` (scores are rows times its columns), and the
 /// rows `[pp, kp]` that probabilities weigh. `pp` and `kp` are `p` and `k`
-/// rounded up to [`LANES`], the padding zero.
+/// rounded up to [`LANES`], the padding zero. (Keys, in score rows, and
+/// channels, in head rows, go in blocks of [`LANES`].)
 struct KeyValues {
     keys_t: Vec<f32>,
     values: Vec<f32>,
 }
 
 // The kernels are plain loops over slices and fixed-size arrays, every
-// helper `inline(always)`: `pulp::Arch::dispatch` compiles them inside a
-// function with the CPU's best instruction set enabled (AVX2 and FMA, or
-// AVX-512) and picks it at run time, where the binary itself targets
-// baseline x86-64. Each output element is summed in an order fixed by the
-// code, whatever the block sizes, so every instruction set gives the same
-// result (`mul_add` is one rounding everywhere).
+// helper `inline(always)`, dispatched by `pulp` as the `simd` module
+// describes. Each output element is summed in an order fixed by the code,
+// whatever the block sizes, so every instruction set gives the same result.
 
 impl Shape {
     /// Queries `[b, t, h·k]`, keys and values `[b, P, g·k]`, `keys` of the
@@ -622,7 +570,7 @@ impl Shape {
         }
         row[visible..].fill(f32::NEG_INFINITY);
         let (row, _) = S::as_mut_simd_f32s(row);
-        let max = simd.reduce_max_f32s(row.iter().fold(simd.splat_f32s(f32::NEG_INFINITY), |m, &x| simd.max_f32s(m, x)));
+        let max = max_lane(simd, row);
         if max == f32::NEG_INFINITY {
             row.fill(simd.splat_f32s(0.0));
             return 0;
@@ -809,19 +757,6 @@ impl Shape {
 /// multiply-add units busy and few enough to stay in registers.
 const R: usize = 8;
 
-/// The vector at `x[at..]` (its length in floats is `S`'s width, which
-/// divides [`LANES`]).
-#[inline(always)]
-fn load<S: pulp::Simd>(x: &[f32], at: usize) -> S::f32s {
-    S::as_simd_f32s(&x[at..at + size_of::<S::f32s>() / 4]).0[0]
-}
-
-/// Writes `v` at `x[at..]`.
-#[inline(always)]
-fn store<S: pulp::Simd>(x: &mut [f32], at: usize, v: S::f32s) {
-    S::as_mut_simd_f32s(&mut x[at..at + size_of::<S::f32s>() / 4]).0[0] = v;
-}
-
 /// `out[r][j] = s · Σ_c a[r][c]·bt[c][j]` for the `R` rows of `a` (`kd`
 /// channels, rows `stride` apart) and the first `n` columns (a multiple of
 /// [`LANES`]) of `bt` `[kd, columns]`; `out` is `[R, columns]`. Scores are
@@ -924,52 +859,6 @@ impl pulp::WithSimd for Kernel<'_> {
     fn with_simd<S: pulp::Simd>(self, simd: S) {
         self.shape.task(simd, self.task, self.inputs, self.mask, self.out);
     }
-}
-
-/// Σ aᵢ·bᵢ, in eight independent partial sums (which vectorise; one
-/// running sum would not, float addition not being associative). The
-/// order is fixed by the code, so every instruction set gets the same result.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in a8.zip(b8) {
-        for ((l, x), y) in lanes.iter_mut().zip(x).zip(y) {
-            *l += x * y;
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
-/// `y += a·x`.
-#[inline(always)]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
-}
-
-/// `eˣ` for `x ≤ 0` (softmax's shifted scores), a vector at a time, in
-/// straight-line arithmetic: `eˣ = 2ⁿ·eʳ` with `n = round(x·log₂e)` and `eʳ`
-/// by Cephes' degree-6 polynomial on `|r| ≤ ln2/2`; relative error below
-/// 2e-7. Below −87 (and for −∞, a hidden key) it is 0.
-#[inline(always)]
-pub(crate) fn exp<S: pulp::Simd>(simd: S, x: S::f32s) -> S::f32s {
-    const ROUND: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer
-    let splat = |c: f32| simd.splat_f32s(c);
-    let xc = simd.max_f32s(x, splat(-87.0));
-    let shifted = simd.mul_add_f32s(xc, splat(std::f32::consts::LOG2_E), splat(ROUND)); // its low bits hold n
-    let n = simd.sub_f32s(shifted, splat(ROUND));
-    let r = simd.mul_add_f32s(n, splat(2.121_944_4e-4), simd.mul_add_f32s(n, splat(-0.693_359_4), xc)); // x − n·ln2, in two parts
-    let mut poly = splat(1.987_569_1e-4);
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_66, 0.5, 1.0, 1.0] {
-        poly = simd.mul_add_f32s(poly, r, splat(c));
-    }
-    // 2ⁿ from n's bits, without a float-to-integer conversion.
-    let n_bits = simd.sub_u32s(simd.transmute_u32s_f32s(shifted), simd.splat_u32s(ROUND.to_bits() - 127));
-    let two_n = simd.transmute_f32s_u32s(simd.wrapping_dyn_shl_u32s(n_bits, simd.splat_u32s(23)));
-    simd.select_f32s(simd.less_than_f32s(x, splat(-87.0)), splat(0.0), simd.mul_f32s(poly, two_n))
 }
 
 #[cfg(test)]
@@ -1106,30 +995,6 @@ mod tests {
         let [q, k, v] = split_packed(qkv);
         let tensors = Tensor::cat(attention_backward_tensors(q, k, v, None, AttentionHeads::multi(3), 9, grad).to_vec(), 2);
         close(kernel, tensors, "d qkv, tensor equations");
-    }
-
-    #[test]
-    fn the_polynomial_exp_is_within_a_few_ulps_of_libms() {
-        struct Exp<'a>(&'a mut [f32]);
-        impl pulp::WithSimd for Exp<'_> {
-            type Output = ();
-            fn with_simd<S: pulp::Simd>(self, simd: S) {
-                for x in S::as_mut_simd_f32s(self.0).0 {
-                    *x = exp(simd, *x);
-                }
-            }
-        }
-        let inputs: Vec<f32> = (0..100_000).map(|i| -87.0 * i as f32 / 99_999.0).chain([-87.5, -100.0, f32::NEG_INFINITY]).collect();
-        // The instruction set this machine runs, and one float at a time.
-        let mut vectors = inputs.clone();
-        vectors.resize(inputs.len().next_multiple_of(LANES), 0.0);
-        pulp::Arch::new().dispatch(Exp(&mut vectors));
-        let scalars: Vec<f32> = inputs.iter().map(|&x| exp(pulp::Scalar, x)).collect();
-        for ((&x, &vector), &scalar) in inputs.iter().zip(&vectors).zip(&scalars) {
-            let libm = x.exp();
-            let within = |ours: f32| if x < -87.0 { ours == 0.0 } else { (ours - libm).abs() <= 3e-7 * libm };
-            assert!(within(vector) && within(scalar), "exp({x}): {vector} in vectors, {scalar} alone, libm {libm}");
-        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use anyhow::Result;
 use burn::prelude::*;
 use ragen_agent::{Context, Policy, Response, Role, Tokenizer};
 use ragen_env_sdk::SeedRng;
+use ragen_ops::{AttentionBackend, PointwiseBackend};
 
 /// Sampling settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -82,7 +83,7 @@ impl<B: Backend> BurnPolicy<B> {
     }
 }
 
-impl<B: crate::AttentionBackend + crate::PointwiseBackend> Policy for BurnPolicy<B> {
+impl<B: AttentionBackend + PointwiseBackend> Policy for BurnPolicy<B> {
     fn name(&self) -> &str {
         "burn-transformer"
     }

@@ -4,13 +4,11 @@
 //! pass, and adds up their gradients. On flex, one pass at a time leaves a
 //! core idle for much of it: its matrix products and attention use every
 //! core, but the element-wise operations, allocations and autodiff
-//! bookkeeping between them run on one thread. Measured on 2 cores, the
-//! default model's pass kept 1.2 cores busy. Two passes at once fill each
-//! other's gaps: the bench's training pass went from about 37,000 to
-//! 54,000-56,000 tokens/s with each pass on a plain thread handing its
-//! kernels to rayon's workers, and to 56,000-65,000 (against 48,500-52,400
-//! in the same sitting) with each pass on a one-thread pool of its own,
-//! running its kernels itself.
+//! bookkeeping between them run on one thread. Two passes at once fill
+//! each other's gaps, best with each pass on a one-thread pool of its own,
+//! running its kernels itself (docs/results.md, "Attention in blocks, and
+//! a pass per core" and "A pool per pass, memory kept, and token scores in
+//! one kernel").
 //!
 //! Each pass in flight beyond the first works on a copy of the model with
 //! fresh autodiff leaves ([`AutodiffModule::from_inner`], sharing the
@@ -108,64 +106,4 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M, grads:
         sum.accumulate(model, g);
     }
     sum.grads()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::PolicyModelConfig;
-    use crate::bench::next_token_loss;
-    use burn::backend::{Autodiff, Flex};
-    use burn::module::Module;
-    use burn::prelude::*;
-
-    type Ad = Autodiff<Flex>;
-
-    /// Every parameter's gradient, in the model's order.
-    fn flat(model: &crate::PolicyModel<Ad>, grads: &GradientsParams) -> Vec<f32> {
-        struct Collect<'a>(&'a GradientsParams, Vec<f32>);
-        impl burn::module::ModuleVisitor<Ad> for Collect<'_> {
-            fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<Ad, D>>) {
-                let g = self.0.get::<Flex, D>(param.id).expect("every parameter has a gradient");
-                self.1.extend(g.into_data().to_vec::<f32>().unwrap());
-            }
-        }
-        let mut c = Collect(grads, vec![]);
-        model.visit(&mut c);
-        c.1
-    }
-
-    /// The gradients of the mean loss over `rows` rows of `ids`, in
-    /// `parts` passes run [`concurrent_passes`] on two threads.
-    fn gradients(model: &crate::PolicyModel<Ad>, ids: &[i64], [rows, len]: [usize; 2], parts: usize) -> Vec<f32> {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-        pool.install(|| {
-            assert_eq!(<Ad as ScoringBackend>::passes_at_once(), 2);
-            let work: Vec<&[i64]> = ids.chunks(rows.div_ceil(parts) * len).collect();
-            let grads = concurrent_passes(model, work, |m: &crate::PolicyModel<Ad>, part: &[i64]| {
-                let share = part.len() as f64 / ids.len() as f64;
-                let loss = next_token_loss(m, part, [part.len() / len, len], &Default::default()) * share;
-                GradientsParams::from_grads(loss.backward(), m)
-            });
-            flat(model, &sum_gradients(model, grads))
-        })
-    }
-
-    #[test]
-    fn passes_at_once_add_up_to_the_gradients_of_one_pass() {
-        let device = Default::default();
-        let model = PolicyModelConfig::new(23).with_d_model(16).with_n_heads(2).with_max_seq_len(32).init::<Ad>(&device);
-        let [rows, len] = [5, 12];
-        let ids: Vec<i64> = (0..rows * len).map(|i| (i * 7 % 23) as i64).collect();
-        let one = gradients(&model, &ids, [rows, len], 1);
-        let three = gradients(&model, &ids, [rows, len], 3);
-        assert_eq!(one.len(), three.len());
-        let scale = one.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        assert!(scale > 0.0);
-        for (i, (a, b)) in one.iter().zip(&three).enumerate() {
-            assert!((a - b).abs() <= 1e-5 * scale, "gradient {i}: {a} in one pass, {b} in three at once");
-        }
-        // The same passes give the same bits, whichever thread ran which.
-        assert_eq!(three, gradients(&model, &ids, [rows, len], 3));
-    }
 }
