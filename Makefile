@@ -132,8 +132,8 @@ js-plugins:
 test-plugins: rust-plugins
 	@mkdir -p $(TEST_PLUGIN_DIR)
 	@for f in $(FAULTS); do \
-	  $(CARGO) build -q --target wasm32-wasip2 --profile plugin -p ragen-test-faulty --features $$f || exit 1; \
-	  cp $(TARGET_DIR)/wasm32-wasip2/plugin/ragen_test_faulty.wasm $(TEST_PLUGIN_DIR)/$$f.wasm; \
+	  $(CARGO) build -q --target wasm32-wasip2 --profile test-plugin -p ragen-test-faulty --features $$f || exit 1; \
+	  cp $(TARGET_DIR)/wasm32-wasip2/test-plugin/ragen_test_faulty.wasm $(TEST_PLUGIN_DIR)/$$f.wasm; \
 	  echo "  built $(TEST_PLUGIN_DIR)/$$f.wasm (faults on purpose)"; \
 	done
 

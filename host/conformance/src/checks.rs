@@ -3,7 +3,7 @@
 
 use crate::Outcome;
 use crate::validator::{Validator, faulted, short};
-use ragen_env_sdk::SeedRng;
+use ragen_rng::SeedRng;
 use ragen_runtime::{Action, EnvHandle, ErrorKind, PluginInstance};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! seed, played episodes, and faults turned into what to fix.
 
 use crate::{Described, Options, metadata_check};
-use ragen_env_sdk::SeedRng;
+use ragen_rng::SeedRng;
 use ragen_runtime::{Action, ActionSpace, EnvHandle, EnvSpec, Fault, FaultKind, Plugin, PluginInfo, PluginInstance, Problem, StepResult};
 use std::time::Instant;
 

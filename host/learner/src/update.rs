@@ -27,9 +27,9 @@ use burn::prelude::*;
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::{Tokenizer, Trajectory};
-use ragen_env_sdk::SeedRng;
 use ragen_ops::{ScoreOptions, ScoringBackend, token_scores};
 use ragen_policy::{AnswerGrammar, PolicyModel, PolicyNetwork};
+use ragen_rng::SeedRng;
 use std::path::Path;
 
 /// Every hyper-parameter of the update, named as in the reference.

@@ -14,8 +14,8 @@ use crate::model::Llm;
 use crate::policy::StopRule;
 use burn::module::AutodiffModule;
 use burn::prelude::*;
-use ragen_env_sdk::SeedRng;
 use ragen_policy::{Sampling, sample_batch};
+use ragen_rng::SeedRng;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 

@@ -14,9 +14,9 @@ use crate::{ChatTemplate, Pretrained};
 use anyhow::Result;
 use burn::prelude::*;
 use ragen_agent::{Context, Message, Policy, Response, Tokenizer};
-use ragen_env_sdk::SeedRng;
 use ragen_ops::{AttentionBackend, PointwiseBackend};
 use ragen_policy::{KvCache, ReplyRule, Sampling, sample_batch};
+use ragen_rng::SeedRng;
 
 /// Free text that ends at an end-of-turn token or after a stop string.
 #[derive(Clone, Debug)]

@@ -869,7 +869,7 @@ mod tests {
     type Ad = Autodiff<Flex>;
 
     fn random(shape: [usize; 3], seed: u64) -> Tensor<Ad, 3> {
-        let mut rng = ragen_env_sdk::SeedRng::stream(seed, 0);
+        let mut rng = ragen_rng::SeedRng::stream(seed, 0);
         let n = shape.iter().product();
         let xs: Vec<f32> = (0..n).map(|_| rng.below(2001) as f32 / 1000.0 - 1.0).collect();
         Tensor::from_data(TensorData::new(xs, shape), &Default::default())

@@ -437,7 +437,7 @@ impl<B: ScoringBackend, C: CheckpointStrategy> ScoringBackend for Autodiff<B, C>
 mod tests {
     use super::*;
     use burn::backend::Flex;
-    use ragen_env_sdk::SeedRng;
+    use ragen_rng::SeedRng;
 
     type A = Autodiff<Flex>;
 

@@ -18,8 +18,8 @@ use crate::sample::sample_batch_with;
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use ragen_env_sdk::SeedRng;
 use ragen_ops::{ScoreOptions, TrainBackend, concurrent_passes, sum_gradients, token_scores};
+use ragen_rng::SeedRng;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 

@@ -174,7 +174,7 @@ mod tests {
     use super::*;
     use crate::tokenizer::tests::sokoban_spec;
     use ragen_agent::{ResponseParser, Tokenizer};
-    use ragen_env_sdk::SeedRng;
+    use ragen_rng::SeedRng;
 
     /// Sample uniformly among allowed tokens until done.
     fn random_reply(g: &AnswerGrammar, rng: &mut SeedRng) -> Vec<u32> {

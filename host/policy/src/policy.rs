@@ -7,8 +7,8 @@ use crate::tokenizer::PluginTokenizer;
 use anyhow::Result;
 use burn::prelude::*;
 use ragen_agent::{Context, Policy, Response, Role, Tokenizer};
-use ragen_env_sdk::SeedRng;
 use ragen_ops::{AttentionBackend, PointwiseBackend};
+use ragen_rng::SeedRng;
 
 /// Sampling settings.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -8,8 +8,8 @@
 use crate::grammar::{AnswerGrammar, GrammarState};
 use crate::model::{KvCache, PolicyModel};
 use burn::prelude::*;
-use ragen_env_sdk::SeedRng;
 use ragen_ops::{AttentionBackend, PointwiseBackend};
+use ragen_rng::SeedRng;
 
 /// A causal language model that extends a KV cache: ours, or a pretrained
 /// one. Sampling needs nothing else.

@@ -184,7 +184,7 @@ impl Tokenizer for PluginTokenizer {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use ragen_env_sdk::SeedRng;
+    use ragen_rng::SeedRng;
     use ragen_runtime::{ActionSpace, LegendEntry, Limits};
 
     pub(crate) fn sokoban_spec() -> EnvSpec {

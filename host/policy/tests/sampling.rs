@@ -3,10 +3,10 @@
 use burn::backend::Flex;
 use burn::prelude::*;
 use ragen_agent::{ResponseParser, Tokenizer};
-use ragen_env_sdk::SeedRng;
 use ragen_policy::{
     AnswerGrammar, PluginTokenizer, PolicyModel, PolicyModelConfig, masked_logprobs, sample, sample_batch, sample_batch_with,
 };
+use ragen_rng::SeedRng;
 use ragen_runtime::{ActionSpace, EnvSpec, LegendEntry, Limits};
 
 type B = Flex;

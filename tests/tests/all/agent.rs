@@ -1,15 +1,14 @@
 //! The agent loop end to end: prompts rendered from the plugin, replies
 //! parsed, actions executed through the pool, trajectories recorded.
 
-use anyhow::Result;
 use crate::common::shipped;
+use anyhow::Result;
 use ragen_agent::policies::RandomPolicy;
 use ragen_agent::{
     ByteTokenizer, Context, Policy, PromptTemplates, Response, Role, RolloutConfig, RolloutRunner, Tokenizer, read_jsonl, summarize,
     write_jsonl,
 };
 use std::path::PathBuf;
-
 
 fn runner(name: &str, groups: usize, group_size: usize) -> RolloutRunner {
     let config = RolloutConfig { env_groups: groups, group_size, ..RolloutConfig::default() };

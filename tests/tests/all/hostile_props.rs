@@ -15,7 +15,6 @@ use ragen_policy::{AnswerGrammar, PluginTokenizer};
 use ragen_runtime::{ActionSpace, EnvSpec, LegendEntry, Limits, Plugin, ReportLimits, SandboxLimits};
 use std::sync::{Arc, OnceLock};
 
-
 /// Cases of the agent-loop property whose settings passed the bounds.
 static PLAYED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 

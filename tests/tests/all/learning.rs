@@ -7,7 +7,6 @@ use ragen_learner::{Learner, UpdateConfig};
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModelConfig, SamplingConfig};
 use std::time::Instant;
 
-
 type B = Autodiff<Flex>;
 
 #[test]

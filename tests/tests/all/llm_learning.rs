@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-
 type B = Autodiff<Flex>;
 
 /// Bandit's two arms, each with `</answer>`, as single tokens: a random

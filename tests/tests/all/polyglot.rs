@@ -3,7 +3,6 @@
 //! feedback is sound enough for bisection to always win, and 2048 keeps the
 //! game's rules.
 
-
 use crate::common::{loaded_example, shipped};
 use ragen_env_sdk::SeedRng;
 use ragen_runtime::{EnvHandle, PluginInstance, StepResult};

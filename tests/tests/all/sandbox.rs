@@ -3,7 +3,6 @@
 //! randomness is the same in every instance, and sleeping traps at once
 //! instead of holding the worker thread.
 
-
 use crate::common::faulty;
 use ragen_runtime::{FaultKind, SandboxLimits};
 

@@ -3,7 +3,7 @@
 
 use crate::policy::{ByteTokenizer, Context, Policy, Response, Tokenizer};
 use anyhow::Result;
-use ragen_env_sdk::SeedRng;
+use ragen_rng::SeedRng;
 
 /// Picks how many actions (1..=max) and then each action uniformly. Its
 /// log-probability for a reply is that of the choice; it sits on the first

@@ -2,7 +2,6 @@
 //! ratio. The numbers are not asserted (shared machines are noisy); their
 //! presence and consistency are.
 
-
 use crate::common::{plugin, ragen_host, text};
 
 #[test]

@@ -1,6 +1,5 @@
 //! `ragen-host eval`: baselines on the reference's eval seeds.
 
-
 use crate::common::{plugin, ragen_host, scratch, text};
 
 fn eval_json(args: &[&str]) -> serde_json::Value {

@@ -3,7 +3,6 @@
 //! bounded time, a message naming the problem, and nothing raw on the
 //! terminal.
 
-
 use crate::common::{faulty, ragen_host, scratch, text};
 use std::process::Output;
 use std::time::{Duration, Instant};

@@ -1,6 +1,5 @@
 //! `ragen-host inspect`, run as a user runs it.
 
-
 use crate::common::{plugin, ragen_host, scratch};
 use std::path::PathBuf;
 

@@ -3,8 +3,8 @@
 //! One test binary for the crate (as wasmtime's `tests/all`): each binary
 //! links wasmtime and Burn, so one link instead of many.
 
-mod common;
 mod bench;
+mod common;
 mod eval;
 mod hostile;
 mod inspect;

@@ -4,7 +4,6 @@
 //! independent client, ORAS's Python SDK (`make oras-client`), reads what
 //! we push, and we read what it pushes.
 
-
 use crate::common::{faulty, plugin, scratch, text};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

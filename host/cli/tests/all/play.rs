@@ -1,6 +1,5 @@
 //! `ragen-host play`, driven through stdin as a person at a terminal would.
 
-
 use crate::common::{play, plugin};
 
 #[test]

@@ -2,7 +2,6 @@
 //! the guide's minimal examples in all three languages, go through the same
 //! commands as the Rust ones: `validate`, `play`, `bench`, `train`.
 
-
 use crate::common::{example, plugin, ragen_host, scratch, text};
 
 #[test]

@@ -2,7 +2,6 @@
 //! `eval --model` plays an env with free-text replies, a bad model file is
 //! refused with its name.
 
-
 use crate::common::{model, plugin, ragen_host, scratch, text};
 
 #[test]

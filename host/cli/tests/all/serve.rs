@@ -2,7 +2,6 @@
 //! (openenv-core from PyPI) plays Sokoban on it and its conformance checks
 //! pass, and SIGTERM with sessions in flight lets their calls finish.
 
-
 use crate::common::{faulty, plugin, scratch};
 use ragen_runtime::Plugin;
 use serde_json::{Value, json};

@@ -4,7 +4,6 @@
 //! validated checkpoint is kept apart; SIGTERM stops a run with a
 //! checkpoint; a critic of its own is checkpointed and resumed with it.
 
-
 use crate::common::{plugin, ragen_host, scratch, text, without_timings};
 use std::path::Path;
 

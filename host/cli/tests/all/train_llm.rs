@@ -4,7 +4,6 @@
 //! model's SHA-256; a resumed run continues exactly; another base file is
 //! refused; `eval --checkpoint` plays it.
 
-
 use crate::common::{plugin, ragen_host, scratch, text, without_timings};
 use ragen_llm::Architecture;
 use ragen_test_fixtures::tiny_llm::Tiny;

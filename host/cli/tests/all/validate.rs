@@ -1,7 +1,6 @@
 //! `ragen-host validate` passes the shipped plugins and fails broken ones
 //! with a message naming the problem, without hanging or crashing.
 
-
 use crate::common::{faulty, plugin, ragen_host, scratch, text};
 use std::time::{Duration, Instant};
 

@@ -9,9 +9,9 @@
 use burn::backend::Flex;
 use burn::prelude::*;
 use ragen_agent::Tokenizer;
-use ragen_env_sdk::SeedRng;
 use ragen_llm::gguf::{TensorType, Value};
 use ragen_llm::{Architecture, Pretrained};
+use ragen_rng::SeedRng;
 use ragen_test_fixtures::tiny_llm::{Tiny, vocabulary};
 use safetensors::Dtype;
 use serde_json::json;
