@@ -193,14 +193,14 @@ lint:
 	scripts/workspace-hack.py --check
 	$(CARGO) clippy --workspace --all-targets --features ragen-host/cuda -- -D warnings
 
-# The GPU backends are cargo features of ragen-host: build wgpu, then train
-# one small step on it when a Vulkan driver is present (on a machine without
-# a GPU, Mesa's software driver lavapipe: Debian's mesa-vulkan-drivers).
-# CUDA is type-checked by `make lint`; `make gpu-backends CUDA_BUILD=1`
-# builds it too.
+# The GPU backends are cargo features of ragen-host. wgpu is a default
+# feature, so the binary the tests built already has it: train one small
+# step on it when a Vulkan driver is present (on a machine without a GPU,
+# Mesa's software driver lavapipe: Debian's mesa-vulkan-drivers). CUDA is
+# type-checked by `make lint`; `make gpu-backends CUDA_BUILD=1` builds it too.
 gpu-backends: plugins
 	$(if $(CUDA_BUILD),$(CARGO) build -p ragen-host --features cuda)
-	$(CARGO) build -p ragen-host --features wgpu
+	$(CARGO) build -p ragen-host
 	@if ls /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1; then \
 	  rm -rf $(TARGET_DIR)/wgpu-smoke && \
 	  $(TARGET_DIR)/debug/ragen-host train --env $(PLUGIN_DIR)/bandit.wasm --config examples/configs/smoke.toml \
