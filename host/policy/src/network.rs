@@ -79,7 +79,7 @@ impl<B: AttentionBackend + PointwiseBackend> PolicyNetwork<B> for crate::PolicyM
     /// `[b, h, l, l]`; keep them to 4 Mi floats (16 MiB), which also keeps
     /// them in cache on a CPU. Flex does not materialise them, but passes of
     /// up to 100 rows were measured slower there (SimpleSokoban's update;
-    /// docs/results.md), so the bound holds for every backend.
+    /// docs/notebook.md), so the bound holds for every backend.
     fn rows_per_pass(&self, len: usize) -> usize {
         ((4 << 20) / (self.n_heads() * len * len).max(1)).max(1)
     }
