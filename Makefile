@@ -34,7 +34,7 @@ EXAMPLE_DIR := target/examples
 # one build per fault.
 TEST_PLUGIN_DIR := target/test-plugins
 FAULTS := loop-in-step grow-memory trap-in-reset nan-reward reach-outside empty-actions huge-limits metadata-bomb escape-codes \
-  huge-reward fail-every-reset hidden-state slow-reset huge-observation stack-overflow configurable
+  huge-reward fail-every-reset hidden-state slow-reset huge-observation stack-overflow configurable lying-oracle
 
 # Plugins in other languages, each built by its own pinned toolchain, which
 # `make` installs under target/toolchains (PyPI, npm). If a toolchain cannot

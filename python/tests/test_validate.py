@@ -3,7 +3,7 @@ with its report as dicts."""
 
 import ragen_envs
 
-CHECKS = ["load", "metadata", "determinism", "seeds differ", "finite", "bad config", "bad action", "episode rules", "batch", "speed"]
+CHECKS = ["load", "metadata", "determinism", "seeds differ", "finite", "bad config", "bad action", "episode rules", "batch", "oracle", "speed"]
 
 
 def test_a_shipped_plugin_passes_every_check(plugin):

@@ -7,7 +7,9 @@
 //! on every reset. `success` means the arm with the higher expected payoff
 //! was chosen.
 
-use ragen_env_sdk::{ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, SeedRng, StepInfo, StepOutcome};
+use ragen_env_sdk::{
+    ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, Oracle, PluginInfo, SeedRng, StepInfo, StepOutcome,
+};
 
 /// Which of the two configured arms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,7 +159,18 @@ impl Environment for Bandit {
     }
 }
 
-ragen_env_sdk::export_env!(Bandit);
+/// The arm with the higher expected reward (action ids are fixed per arm,
+/// whatever order the prompt shows them in).
+impl Oracle for Bandit {
+    fn best_actions(&self, _max_actions: u32) -> Vec<u32> {
+        vec![match self.best_arm() {
+            Arm::Low => 0,
+            Arm::High => 1,
+        }]
+    }
+}
+
+ragen_env_sdk::export_env!(Bandit, oracle);
 
 #[cfg(test)]
 mod tests;

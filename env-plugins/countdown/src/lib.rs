@@ -12,7 +12,9 @@
 pub mod expr;
 pub mod solver;
 
-use ragen_env_sdk::{ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, SeedRng, StepInfo, StepOutcome};
+use ragen_env_sdk::{
+    ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, Oracle, PluginInfo, SeedRng, StepInfo, StepOutcome,
+};
 
 /// The longest answer accepted, in bytes.
 pub const MAX_ANSWER_BYTES: u32 = 256;
@@ -172,7 +174,15 @@ impl Environment for Countdown {
     }
 }
 
-ragen_env_sdk::export_env!(Countdown);
+/// An expression the exact search finds; `0` (well-formed, wrong) for a
+/// puzzle without one.
+impl Oracle for Countdown {
+    fn best_actions(&self, _max_actions: u32) -> Vec<String> {
+        vec![solver::solve(&self.puzzle.numbers, self.puzzle.target).unwrap_or_else(|| "0".into())]
+    }
+}
+
+ragen_env_sdk::export_env!(Countdown, oracle);
 
 #[cfg(test)]
 mod tests;

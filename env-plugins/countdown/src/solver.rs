@@ -1,7 +1,7 @@
 //! Finds an expression that uses every number once and reaches the target,
 //! by exact search over rationals (at most four numbers: a few thousand
-//! combinations). It gives `eval` its optimal bound and the
-//! `countdown-solver` policy its answers.
+//! combinations). It gives `eval` its optimal bound and the plugin's
+//! oracle its answers.
 
 /// An exact fraction, kept in lowest terms with a positive denominator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

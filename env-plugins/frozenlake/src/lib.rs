@@ -12,7 +12,7 @@ pub mod values;
 
 use lake::{Dir, Lake, Tile};
 use ragen_env_sdk::{
-    ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, LegendEntry, Limits, PluginInfo, SeedRng, StepInfo, StepOutcome,
+    ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, LegendEntry, Limits, Oracle, PluginInfo, SeedRng, StepInfo, StepOutcome,
 };
 use values::Slip;
 
@@ -138,7 +138,12 @@ impl Environment for FrozenLake {
                 LegendEntry::new('√', "player on goal"),
             ],
             action_space: ActionSpace::Names(Dir::ALL.iter().map(|d| d.name().to_string()).collect()),
-            limits: Limits { max_actions_per_episode: 10, max_actions_per_turn: 5, max_turns: 5, max_steps: self.max_steps },
+            limits: Limits {
+                max_actions_per_episode: MAX_ACTIONS_PER_EPISODE,
+                max_actions_per_turn: 5,
+                max_turns: 5,
+                max_steps: self.max_steps,
+            },
             metrics: vec!["slipped".into()],
         }
     }
@@ -201,7 +206,34 @@ impl Environment for FrozenLake {
     }
 }
 
-ragen_env_sdk::export_env!(FrozenLake);
+/// The action budget the spec recommends (RAGEN's `max_actions_per_traj`).
+const MAX_ACTIONS_PER_EPISODE: u32 = 10;
+
+/// The move that most likely reaches the goal within the actions left (the
+/// recommended budget or the step limit, whichever ends first), by value
+/// iteration on the slippery lake. On a slippery lake that is one move,
+/// since the plan after it depends on where the agent lands; without slips
+/// the plan runs on, each move chosen for the horizon then left.
+impl Oracle for FrozenLake {
+    fn best_actions(&self, max_actions: u32) -> Vec<u32> {
+        let lake = self.lake.as_ref().expect("CheckedEnv asks the oracle only during an episode");
+        let left = MAX_ACTIONS_PER_EPISODE.min(self.max_steps).saturating_sub(self.steps).max(1);
+        let moves = if self.slip.success_rate < 1.0 { 1 } else { max_actions.min(left).max(1) };
+        let mut cell = self.player;
+        let mut plan = Vec::with_capacity(moves as usize);
+        for i in 0..moves {
+            let dir = values::value_iteration(lake, self.slip, left - i).policy[cell];
+            plan.push(Dir::ALL.iter().position(|&d| d == dir).expect("a direction") as u32);
+            cell = lake.moved(cell, dir);
+            if lake.tile(cell) != Tile::Frozen {
+                break;
+            }
+        }
+        plan
+    }
+}
+
+ragen_env_sdk::export_env!(FrozenLake, oracle);
 
 #[cfg(test)]
 mod tests;

@@ -192,3 +192,27 @@ fn actions_and_legend_match_the_reference() {
     let symbols: String = spec.legend.iter().map(|l| l.symbol.as_str()).collect();
     assert_eq!(symbols, "P_OGX√");
 }
+
+#[test]
+fn without_slips_the_oracle_plans_a_path_to_the_goal() {
+    let mut e = env(&[("map", "SFF/HHF/GFF"), ("is_slippery", "false")]);
+    assert_eq!(e.best_actions(5).unwrap_err().kind, ErrorKind::NotStarted);
+    e.reset(0).unwrap();
+    // Around the holes: right, right, down, down, then left to the goal.
+    let plan = e.best_actions(10).unwrap();
+    assert_eq!(plan.len(), 6, "{plan:?}");
+    let mut last = None;
+    for action in plan {
+        last = Some(e.step(action).unwrap());
+    }
+    assert!(last.unwrap().info.success);
+    assert_eq!(e.best_actions(5).unwrap_err().kind, ErrorKind::EpisodeOver);
+}
+
+#[test]
+fn on_a_slippery_lake_the_oracle_gives_one_move() {
+    let mut e = env(&[]);
+    e.reset(3).unwrap();
+    assert_eq!(e.best_actions(5).unwrap().len(), 1);
+    assert_eq!(e.best_actions(5).unwrap(), e.best_actions(5).unwrap(), "asking does not change the state");
+}

@@ -2,11 +2,11 @@
 //! the SDK's plain types. Only compiled for wasm targets.
 
 use crate::types as t;
-use crate::{CheckedEnv, Environment};
+use crate::{CheckedEnv, Environment, Oracle};
 use std::cell::RefCell;
 
 wit_bindgen::generate!({
-    world: "env-plugin-batched",
+    world: "env-plugin-full",
     path: "../../wit",
     pub_export_macro: true,
     export_macro_name: "__export_env_plugin",
@@ -122,4 +122,23 @@ pub fn step_many<E: Environment>(envs: Vec<wit::EnvBorrow<'_>>, actions: Vec<wt:
         .zip(actions)
         .map(|(env, action)| env.get::<GuestEnv<E>>().0.borrow_mut().step(from_wire(action)).map(outcome).map_err(error))
         .collect()
+}
+
+fn to_wire(action: t::Action) -> wt::Action {
+    match action {
+        t::Action::Id(id) => wt::Action::Id(id),
+        t::Action::Text(text) => wt::Action::Text(text),
+    }
+}
+
+/// The `oracle` interface's `best-actions`, through the episode rules.
+pub fn best_actions<E: Oracle>(env: wit::EnvBorrow<'_>, max_actions: u32) -> Result<Vec<wt::Action>, wt::EnvError> {
+    let plan = env.get::<GuestEnv<E>>().0.borrow().best_actions(max_actions).map_err(error)?;
+    Ok(plan.into_iter().map(to_wire).collect())
+}
+
+/// What `best-actions` answers for a plugin exported without an oracle
+/// (its `has-oracle` says false, so a host never asks).
+pub fn no_oracle() -> wt::EnvError {
+    error(t::EnvError::failed("this plugin has no oracle (`has-oracle` is false)"))
 }

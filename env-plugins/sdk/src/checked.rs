@@ -1,6 +1,6 @@
 //! The contract's episode rules, enforced once for every Rust environment.
 
-use crate::{Action, ActionKind, ActionSpace, Config, EnvError, EnvSpec, Environment, ErrorKind, StepOutcome};
+use crate::{Action, ActionKind, ActionSpace, Config, EnvError, EnvSpec, Environment, ErrorKind, Oracle, StepOutcome};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -85,6 +85,34 @@ impl<E: Environment> CheckedEnv<E> {
 
     pub fn render(&self) -> String {
         self.env.render()
+    }
+
+    /// Refuse `call` outside a running episode, as the contract says.
+    fn running(&self, call: &str) -> Result<(), EnvError> {
+        match self.phase {
+            Phase::NotStarted => Err(EnvError::new(ErrorKind::NotStarted, format!("{call} called before reset; call reset(seed) first"))),
+            Phase::Over => Err(EnvError::new(
+                ErrorKind::EpisodeOver,
+                format!("{call} called after the episode ended (done); call reset(seed) to start a new one"),
+            )),
+            Phase::Running => Ok(()),
+        }
+    }
+
+    /// The oracle's next actions, as the WIT `best-actions` gives them: at
+    /// least one and at most `max_actions` (the env's plan is cut, an empty
+    /// plan is a `failed` error), only while an episode runs.
+    pub fn best_actions(&self, max_actions: u32) -> Result<Vec<Action>, EnvError>
+    where
+        E: Oracle,
+    {
+        self.running("best-actions")?;
+        let mut plan = self.env.best_actions(max_actions.max(1));
+        plan.truncate(max_actions.max(1) as usize);
+        if plan.is_empty() {
+            return Err(EnvError::failed("the oracle gave no action for a running episode; it must give at least one"));
+        }
+        Ok(plan.into_iter().map(ActionKind::into_action).collect())
     }
 
     /// The environment itself, for white-box tests and solvers.

@@ -82,7 +82,8 @@
 //!
 //! The export includes the contract's optional `batch` interface (many envs
 //! of one instance reset or stepped in one call), so every Rust plugin gets
-//! batched stepping for free.
+//! batched stepping for free. An env that knows its best play implements
+//! [`Oracle`] and is exported with `export_env!(MyEnv, oracle)`.
 
 pub mod config;
 pub mod types;
@@ -125,6 +126,20 @@ pub trait Environment: Sized + 'static {
     fn render(&self) -> String;
 }
 
+/// An environment's own best play: the contract's optional `oracle`
+/// interface. Export it with `export_env!(MyEnv, oracle)`.
+///
+/// The host plays it as a reference policy (`eval --policy oracle`) and
+/// records it as demonstrations for a supervised warm start; `validate`
+/// checks that it wins more often than random play.
+pub trait Oracle: Environment {
+    /// The best next actions from the current state of a running episode,
+    /// first to last, at most `max_actions` (at least 1) of them; never
+    /// empty. An env whose next state is random returns one. Where no
+    /// action leads to success, any legal action.
+    fn best_actions(&self, max_actions: u32) -> Vec<Self::Action>;
+}
+
 #[cfg(target_arch = "wasm32")]
 #[doc(hidden)]
 pub mod __guest;
@@ -137,9 +152,46 @@ extern crate self as ragen_env_sdk;
 ///
 /// Put it once at the crate root of a `cdylib`. On non-wasm targets it
 /// expands to nothing, so the crate still builds and tests natively.
+/// `export_env!(MyEnv, oracle)` also exports the env's [`Oracle`].
 #[macro_export]
 macro_rules! export_env {
     ($env:ty) => {
+        $crate::export_env!(@common $env);
+
+        #[cfg(target_arch = "wasm32")]
+        impl $crate::__guest::exports::ragen::env::oracle::Guest for __RagenEnvPlugin {
+            fn has_oracle() -> bool {
+                false
+            }
+
+            fn best_actions(
+                _env: $crate::__guest::exports::ragen::env::environment::EnvBorrow<'_>,
+                _max_actions: u32,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::__guest::ragen::env::types::Action>, $crate::__guest::ragen::env::types::EnvError>
+            {
+                ::std::result::Result::Err($crate::__guest::no_oracle())
+            }
+        }
+    };
+    ($env:ty, oracle) => {
+        $crate::export_env!(@common $env);
+
+        #[cfg(target_arch = "wasm32")]
+        impl $crate::__guest::exports::ragen::env::oracle::Guest for __RagenEnvPlugin {
+            fn has_oracle() -> bool {
+                true
+            }
+
+            fn best_actions(
+                env: $crate::__guest::exports::ragen::env::environment::EnvBorrow<'_>,
+                max_actions: u32,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::__guest::ragen::env::types::Action>, $crate::__guest::ragen::env::types::EnvError>
+            {
+                $crate::__guest::best_actions::<$env>(env, max_actions)
+            }
+        }
+    };
+    (@common $env:ty) => {
         #[cfg(target_arch = "wasm32")]
         #[doc(hidden)]
         pub struct __RagenEnvPlugin;

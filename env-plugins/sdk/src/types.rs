@@ -117,11 +117,18 @@ pub trait ActionKind: Sized {
     /// Check `action` against `space` and convert it; the error names the
     /// problem (`bad-action`).
     fn accept(action: Action, space: &ActionSpace) -> Result<Self, EnvError>;
+
+    /// The action as the contract sends it (an oracle's answer).
+    fn into_action(self) -> Action;
 }
 
 impl ActionKind for u32 {
     fn serves(space: &ActionSpace) -> bool {
         matches!(space, ActionSpace::Names(_))
+    }
+
+    fn into_action(self) -> Action {
+        Action::Id(self)
     }
 
     fn accept(action: Action, space: &ActionSpace) -> Result<Self, EnvError> {
@@ -141,6 +148,10 @@ impl ActionKind for u32 {
 impl ActionKind for String {
     fn serves(space: &ActionSpace) -> bool {
         matches!(space, ActionSpace::Text { .. })
+    }
+
+    fn into_action(self) -> Action {
+        Action::Text(self)
     }
 
     fn accept(action: Action, space: &ActionSpace) -> Result<Self, EnvError> {

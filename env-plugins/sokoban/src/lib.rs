@@ -12,7 +12,7 @@ pub mod solver;
 pub mod symbols;
 
 use generate::MAX_BOXES;
-use ragen_env_sdk::{ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, PluginInfo, StepInfo, StepOutcome};
+use ragen_env_sdk::{ActionSpace, Config, ConfigKey, EnvError, EnvSpec, Environment, Limits, Oracle, PluginInfo, StepInfo, StepOutcome};
 use room::{Dir, Room};
 use symbols::Symbols;
 
@@ -190,7 +190,21 @@ impl Environment for Sokoban {
     }
 }
 
-ragen_env_sdk::export_env!(Sokoban);
+/// States the oracle's breadth-first search may visit before it gives up.
+pub const ORACLE_MAX_STATES: usize = 2_000_000;
+
+/// The next moves of a shortest solution from the current room, found by
+/// breadth-first search; `Up` when the room has none (a box pushed into a
+/// corner) or the search gives up.
+impl Oracle for Sokoban {
+    fn best_actions(&self, max_actions: u32) -> Vec<u32> {
+        let room = self.room.as_ref().expect("CheckedEnv asks the oracle only during an episode");
+        let path = solver::solve(room, ORACLE_MAX_STATES).ok().flatten().filter(|p| !p.is_empty()).unwrap_or(vec![Dir::Up]);
+        path.iter().take(max_actions as usize).map(|d| Dir::ALL.iter().position(|a| a == d).expect("a direction") as u32).collect()
+    }
+}
+
+ragen_env_sdk::export_env!(Sokoban, oracle);
 
 #[cfg(test)]
 mod tests;

@@ -199,3 +199,32 @@ fn actions_and_limits_match_the_reference() {
     let symbols: String = spec.legend.iter().map(|l| l.symbol.as_str()).collect();
     assert_eq!(symbols, "#_OX√PS");
 }
+
+#[test]
+fn the_oracle_plays_a_shortest_solution_a_turn_at_a_time() {
+    let mut env = CheckedEnv::<Sokoban>::with(&[]).unwrap();
+    for seed in 0..8 {
+        env.reset(seed).unwrap();
+        let room = env.inner().room().unwrap().clone();
+        let shortest = solver::solve(&room, ORACLE_MAX_STATES).unwrap().unwrap().len();
+        let mut moves = 0;
+        loop {
+            let plan = env.best_actions(5).unwrap();
+            assert!((1..=5).contains(&plan.len()), "{plan:?}");
+            let mut done = false;
+            for action in plan {
+                let out = env.step(action).unwrap();
+                moves += 1;
+                if out.done {
+                    assert!(out.info.success, "seed {seed}: the oracle's moves end the episode solved");
+                    done = true;
+                    break;
+                }
+            }
+            if done {
+                break;
+            }
+        }
+        assert_eq!(moves, shortest, "seed {seed}");
+    }
+}

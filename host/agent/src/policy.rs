@@ -9,6 +9,7 @@
 
 use crate::prompt::Role;
 use anyhow::Result;
+use ragen_runtime::Action;
 
 /// Text to token ids and back.
 pub trait Tokenizer: Send + Sync {
@@ -74,6 +75,10 @@ pub struct Context<'a> {
     pub actions: &'a [String],
     /// How many actions the reply may usefully contain this turn.
     pub max_actions: u32,
+    /// The env's own best next actions (at most `max_actions`), for a
+    /// policy that asks for them ([`Policy::wants_oracle`]); `None` for
+    /// every other policy.
+    pub oracle: Option<&'a [Action]>,
 }
 
 /// A policy's reply to one context.
@@ -94,4 +99,12 @@ pub trait Policy {
     fn tokenizer(&self) -> &dyn Tokenizer;
     /// One response per context, in order.
     fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>>;
+
+    /// Whether each context should carry the env's oracle answer
+    /// ([`Context::oracle`]); the loop then asks the plugin's oracle
+    /// before every reply, and an env whose oracle fails ends its episode
+    /// with that failure.
+    fn wants_oracle(&self) -> bool {
+        false
+    }
 }

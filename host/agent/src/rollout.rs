@@ -155,11 +155,12 @@ impl RolloutRunner {
         let seeds: Vec<u64> = (0..group_seeds.len() * gs).map(|i| group_seeds[i / gs]).collect();
         let mut live = self.start(&seeds)?;
         for turn in 1..=lim.max_turn {
-            let active: Vec<usize> = (0..live.len()).filter(|&i| live[i].can_act(lim)).collect();
+            let mut active: Vec<usize> = (0..live.len()).filter(|&i| live[i].can_act(lim)).collect();
+            let advice = if policy.wants_oracle() { Some(self.consult_oracle(&mut live, &mut active)?) } else { None };
             if active.is_empty() {
                 break;
             }
-            let responses = self.ask(policy, &live, &active)?;
+            let responses = self.ask(policy, &live, &active, advice.as_deref())?;
             let (plans, mut turns) = self.plan(&mut live, &active, responses);
             self.execute(&mut live, &active, &plans, &mut turns)?;
             for (k, &i) in active.iter().enumerate() {
@@ -219,12 +220,40 @@ impl RolloutRunner {
         live
     }
 
-    /// The policy's replies to the contexts of the `active` envs, one each.
-    fn ask(&self, policy: &mut dyn Policy, live: &[Live], active: &[usize]) -> Result<Vec<Response>> {
-        let lim = self.limits;
+    /// How many actions env `i` may usefully take this turn.
+    fn turn_budget(&self, live: &Live) -> u32 {
+        self.limits.max_actions_per_turn.min(self.limits.max_actions_per_traj - live.used)
+    }
+
+    /// The env's oracle answer for each `active` env, in order. An env
+    /// whose oracle fails ends its episode with that failure and leaves
+    /// `active`.
+    fn consult_oracle(&self, live: &mut [Live], active: &mut Vec<usize>) -> Result<Vec<Vec<Action>>> {
+        let budgets: Vec<u32> = active.iter().map(|&i| self.turn_budget(&live[i])).collect();
+        let answers = self.pool.oracle(active, &budgets)?;
+        let mut plans = Vec::with_capacity(active.len());
+        let mut kept = Vec::with_capacity(active.len());
+        for (&i, answer) in active.iter().zip(answers) {
+            match answer {
+                Ok(plan) => {
+                    plans.push(plan);
+                    kept.push(i);
+                }
+                Err(f) => live[i].fail(f.kind_name(), f.to_string()),
+            }
+        }
+        *active = kept;
+        Ok(plans)
+    }
+
+    /// The policy's replies to the contexts of the `active` envs, one each;
+    /// `advice[k]` is the oracle's answer for `active[k]` when the policy
+    /// asked for it.
+    fn ask(&self, policy: &mut dyn Policy, live: &[Live], active: &[usize], advice: Option<&[Vec<Action>]>) -> Result<Vec<Response>> {
         let contexts: Vec<Context<'_>> = active
             .iter()
-            .map(|&i| Context {
+            .enumerate()
+            .map(|(k, &i)| Context {
                 env: i,
                 messages: visible(&live[i].segments, self.config.max_context_window)
                     .map(|s| Message { role: s.role, text: &s.text })
@@ -232,7 +261,8 @@ impl RolloutRunner {
                 prefill: self.prompts.prefill(),
                 observation: &live[i].observation,
                 actions: self.spec.action_names(),
-                max_actions: lim.max_actions_per_turn.min(lim.max_actions_per_traj - live[i].used),
+                max_actions: self.turn_budget(&live[i]),
+                oracle: advice.map(|a| a[k].as_slice()),
             })
             .collect();
         let responses = policy.respond(&contexts)?;

@@ -15,7 +15,6 @@ mod logging;
 mod oci;
 mod output;
 mod shipped;
-mod solver;
 mod term;
 
 use anyhow::Result;

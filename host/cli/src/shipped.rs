@@ -1,7 +1,8 @@
 //! The environments this build also carries compiled natively (Bandit,
 //! Sokoban, FrozenLake, Countdown), and the extras that knowing an env's
-//! rules buys: `bench`'s native baseline, `eval`'s optimal-policy bound and
-//! the solver policies.
+//! rules buys: `bench`'s native baseline and `eval`'s optimal-policy bound.
+//! (The env's own best play is the plugin's to give, through the
+//! contract's `oracle`; this module only checks it in its tests.)
 //!
 //! The host's libraries (runtime, agent, learner, policy) know no env by
 //! name; this module is the only place that does, and it never trusts a
@@ -139,8 +140,7 @@ mod tests {
     //! Against the built plugins (`make plugins`), through the same loop
     //! `eval` uses.
     use super::*;
-    use crate::solver::SokobanSolverPolicy;
-    use ragen_agent::policies::RandomPolicy;
+    use ragen_agent::policies::{OraclePolicy, RandomPolicy};
     use ragen_agent::{EVAL_SEED_START, PromptTemplates, RolloutConfig, RolloutRunner, summarize};
     use ragen_runtime::Plugin;
     use std::sync::Arc;
@@ -173,11 +173,10 @@ mod tests {
     }
 
     #[test]
-    fn the_solver_policy_solves_every_room_whose_solution_fits_the_budget() {
+    fn the_sokoban_oracle_solves_every_room_whose_solution_fits_the_budget() {
         let r = runner("sokoban", 64);
         let seeds: Vec<u64> = (0..64).map(|i| EVAL_SEED_START + i).collect();
-        let mut policy = SokobanSolverPolicy::new(r.spec()).unwrap();
-        let ts = r.run(&mut policy, &seeds).unwrap();
+        let ts = r.run(&mut OraclePolicy, &seeds).unwrap();
         let env = CheckedEnv::<Sokoban>::with(&[]).unwrap();
         let budget = r.limits().max_actions_per_traj as usize;
         let mut fits = 0;
@@ -187,7 +186,7 @@ mod tests {
             if shortest <= budget {
                 fits += 1;
                 assert!(t.success, "seed {}: solution of {shortest} moves fits {budget} but was not found:\n{}", t.seed, t.transcript());
-                assert_eq!(t.num_actions, shortest, "seed {}: the solver takes the shortest path", t.seed);
+                assert_eq!(t.num_actions, shortest, "seed {}: the oracle takes the shortest path", t.seed);
                 assert_eq!(t.penalty, 0.0);
             }
             assert!(t.failure.is_none());
@@ -195,6 +194,24 @@ mod tests {
         assert!(fits >= 48, "only {fits} of 64 rooms fit the budget");
         let bound = Twin::Sokoban.optimal_success(&[], &seeds, r.limits(), 100).unwrap();
         assert_eq!(bound, fits as f64 / 64.0, "the bound counts the same rooms");
+    }
+
+    #[test]
+    fn the_oracles_reach_the_optimal_bound() {
+        let seeds: Vec<u64> = (0..256).map(|i| EVAL_SEED_START + i).collect();
+        for (name, twin, slack) in
+            [("bandit", Twin::Bandit, 0.0), ("countdown", Twin::Countdown, 0.0), ("frozenlake", Twin::FrozenLake, 0.1)]
+        {
+            let r = runner(name, 256);
+            let ts = r.run(&mut OraclePolicy, &seeds).unwrap();
+            let m = summarize(&ts);
+            let bound = twin.optimal_success(&[], &seeds, r.limits(), r.spec().limits.max_steps).unwrap();
+            assert_eq!(m.failures, 0, "{name}: {:?}", ts.iter().find_map(|t| t.failure.clone()));
+            assert_eq!(m.format_valid_ratio, 1.0, "{name}");
+            // FrozenLake's bound is an expectation over slips: 256 episodes
+            // land within a few standard errors (about 0.03) of it.
+            assert!((m.success_rate - bound).abs() <= slack + 1e-9, "{name}: the oracle's {} against the bound {bound}", m.success_rate);
+        }
     }
 
     #[test]

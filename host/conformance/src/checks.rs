@@ -16,7 +16,7 @@ const MIN_STEPS_PER_SEC: f64 = 100.0;
 pub(crate) type Run<'v> = (&'static str, fn(&Validator<'v>) -> Result<Outcome, String>);
 
 /// The checks after `metadata`, in order.
-pub(crate) fn runs<'v>() -> [Run<'v>; 8] {
+pub(crate) fn runs<'v>() -> [Run<'v>; 9] {
     [
         ("determinism", Validator::determinism),
         ("seeds differ", Validator::seeds_differ),
@@ -25,6 +25,7 @@ pub(crate) fn runs<'v>() -> [Run<'v>; 8] {
         ("bad action", Validator::bad_action),
         ("episode rules", Validator::episode_rules),
         ("batch", Validator::batch),
+        ("oracle", Validator::oracle),
         ("speed", Validator::speed),
     ]
 }

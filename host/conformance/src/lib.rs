@@ -8,8 +8,8 @@
 //! by, so the suite and the host never disagree about a spec), then plays
 //! it: the same seeds in two instances (determinism, and no state kept
 //! across resets), different seeds, finite numbers, bad config and bad
-//! actions, the episode rules, the batched calls against single calls, and
-//! its speed. Each check runs in a fresh instance, so one fault does not
+//! actions, the episode rules, the batched calls against single calls, the
+//! oracle against random play (when the plugin has one), and its speed. Each check runs in a fresh instance, so one fault does not
 //! hide the others, and each failure says what to fix.
 //!
 //! The suite is stricter than loading: a spec [`Problem`] of either
@@ -21,6 +21,7 @@
 //! caller's business (`ragen-host validate` prints one line per check).
 
 mod checks;
+mod oracle;
 mod validator;
 
 use ragen_runtime::{ActionSpace, EnvSpec, Plugin, PluginInfo, ReportLimits, SandboxLimits};
@@ -77,7 +78,7 @@ impl Status {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Check {
     /// `load`, `metadata`, `determinism`, `seeds differ`, `finite`, `bad
-    /// config`, `bad action`, `episode rules`, `batch` or `speed`.
+    /// config`, `bad action`, `episode rules`, `batch`, `oracle` or `speed`.
     pub name: &'static str,
     pub status: Status,
     /// Plugin text in it is the plugin's own (the CLI escapes what it
@@ -125,6 +126,9 @@ pub(crate) struct Described {
     pub(crate) space: ActionSpace,
     pub(crate) num_metrics: usize,
     pub(crate) max_steps: u32,
+    /// The actions an episode and a turn may take, as the spec recommends.
+    pub(crate) max_actions_per_episode: u32,
+    pub(crate) max_actions_per_turn: u32,
 }
 
 /// The `metadata` check on what a plugin reported: every problem the

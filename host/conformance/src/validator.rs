@@ -43,6 +43,8 @@ pub(crate) fn describe(plugin: &Plugin, opts: &Options) -> (Result<String, Strin
         space: spec.action_space,
         num_metrics: spec.metrics.len(),
         max_steps: spec.limits.max_steps.max(1),
+        max_actions_per_episode: spec.limits.max_actions_per_episode.max(1),
+        max_actions_per_turn: spec.limits.max_actions_per_turn.max(1),
     });
     (verdict, problems, described)
 }
@@ -103,12 +105,24 @@ pub(crate) struct Validator<'a> {
     pub(crate) space: ActionSpace,
     pub(crate) num_metrics: usize,
     pub(crate) max_steps: u32,
+    pub(crate) max_actions_per_episode: u32,
+    pub(crate) max_actions_per_turn: u32,
 }
 
 impl<'a> Validator<'a> {
     pub(crate) fn new(plugin: &'a Plugin, opts: &'a Options, deadline: Instant, described: Described) -> Self {
-        let Described { space, num_metrics, max_steps } = described;
-        Self { plugin, opts, seeds: opts.seeds.max(2), deadline, space, num_metrics, max_steps }
+        let Described { space, num_metrics, max_steps, max_actions_per_episode, max_actions_per_turn } = described;
+        Self {
+            plugin,
+            opts,
+            seeds: opts.seeds.max(2),
+            deadline,
+            space,
+            num_metrics,
+            max_steps,
+            max_actions_per_episode,
+            max_actions_per_turn,
+        }
     }
 }
 

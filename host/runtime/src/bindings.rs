@@ -1,12 +1,12 @@
 //! Host-side bindings generated from `wit/env.wit`, the single source of
 //! the contract (the SDK generates its guest side from the same file).
 //!
-//! They are generated for the `env-plugin-batched` world, but a plugin need
-//! not export `batch`: [`Plugin`](crate::Plugin) loads each interface on its
-//! own and treats `batch` as optional.
+//! They are generated for the `env-plugin-full` world, but a plugin need
+//! not export `batch` or `oracle`: [`Plugin`](crate::Plugin) loads each
+//! interface on its own and treats those two as optional.
 
 wasmtime::component::bindgen!({
-    world: "env-plugin-batched",
+    world: "env-plugin-full",
     path: "../../wit",
     additional_derives: [PartialEq],
 });

@@ -11,6 +11,8 @@ pub const CONTRACT_VERSION: ContractVersion = ContractVersion { major: 0, minor:
 const ENVIRONMENT_INTERFACE: &str = "ragen:env/environment";
 /// The optional interface of batched calls.
 pub(crate) const BATCH_INTERFACE: &str = "ragen:env/batch";
+/// The optional interface of the env's own best play.
+pub(crate) const ORACLE_INTERFACE: &str = "ragen:env/oracle";
 
 /// A semver version of the contract package.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,9 +99,19 @@ const MIGRATE_FROM_0_1: &str = ". From 0.1: `step` takes an `action` (an id or t
 /// Whether the exports include the optional batched calls at a version
 /// compatible with ours.
 pub(crate) fn exports_batch<'a>(exports: impl IntoIterator<Item = &'a str>) -> bool {
+    exports_optional(exports, BATCH_INTERFACE)
+}
+
+/// Whether the exports include the optional oracle at a version compatible
+/// with ours.
+pub(crate) fn exports_oracle<'a>(exports: impl IntoIterator<Item = &'a str>) -> bool {
+    exports_optional(exports, ORACLE_INTERFACE)
+}
+
+fn exports_optional<'a>(exports: impl IntoIterator<Item = &'a str>, interface: &str) -> bool {
     exports.into_iter().any(|n| {
         n.split_once('@').is_some_and(|(iface, v)| {
-            iface == BATCH_INTERFACE && ContractVersion::parse(v).is_some_and(|v| v.is_compatible_with(&CONTRACT_VERSION))
+            iface == interface && ContractVersion::parse(v).is_some_and(|v| v.is_compatible_with(&CONTRACT_VERSION))
         })
     })
 }
@@ -134,6 +146,8 @@ mod tests {
         assert!(exports_batch(["ragen:env/environment@0.2.0", "ragen:env/batch@0.2.1"]));
         assert!(!exports_batch(["ragen:env/environment@0.2.0", "ragen:env/batch@0.1.0"]));
         assert!(!exports_batch(["ragen:env/environment@0.2.0"]));
+        assert!(exports_oracle(["ragen:env/environment@0.2.0", "ragen:env/oracle@0.2.0"]));
+        assert!(!exports_oracle(["ragen:env/environment@0.2.0", "ragen:env/batch@0.2.0"]));
         let other = check_exports(["ragen:env/environment@2.0.0"]).unwrap_err().to_string();
         assert!(other.contains("built against ragen:env@2.0.0") && other.contains("rebuild"), "{other}");
         let none = check_exports(["wasi:cli/run@0.2.0"]).unwrap_err().to_string();

@@ -2,6 +2,7 @@
 
 use crate::bindings::exports::ragen::env::batch::Guest as Batch;
 use crate::bindings::exports::ragen::env::environment::{EnvSpec, Guest as Environment, PluginInfo, StepResult};
+use crate::bindings::exports::ragen::env::oracle::Guest as Oracle;
 use crate::bindings::ragen::env::types::{Action, EnvError};
 use crate::sandbox::{Fault, FaultKind, SandboxLimits, StoreState, classify};
 use wasmtime::Store;
@@ -23,6 +24,8 @@ pub struct PluginInstance {
     environment: Environment,
     /// The batched calls, when the plugin exports them.
     batch: Option<Batch>,
+    /// The env's own best play, when the plugin exports it.
+    oracle: Option<Oracle>,
     limits: SandboxLimits,
     broken: Option<Fault>,
 }
@@ -31,8 +34,14 @@ pub struct PluginInstance {
 type Many<T> = Vec<Result<T, EnvError>>;
 
 impl PluginInstance {
-    pub(crate) fn new(store: Store<StoreState>, environment: Environment, batch: Option<Batch>, limits: SandboxLimits) -> Self {
-        Self { store, environment, batch, limits, broken: None }
+    pub(crate) fn new(
+        store: Store<StoreState>,
+        environment: Environment,
+        batch: Option<Batch>,
+        oracle: Option<Oracle>,
+        limits: SandboxLimits,
+    ) -> Self {
+        Self { store, environment, batch, oracle, limits, broken: None }
     }
 
     /// Run one call under a fresh time budget and classify any failure.
@@ -152,6 +161,28 @@ impl PluginInstance {
             return Err(fault);
         }
         Ok(out)
+    }
+
+    /// The plugin's `has-oracle` answer; false when it does not export the
+    /// oracle at all.
+    pub fn has_oracle(&mut self) -> Result<bool, Fault> {
+        if self.oracle.is_none() {
+            return Ok(false);
+        }
+        self.call_with("has-oracle", |s| s.oracle.as_ref().expect("checked above").call_has_oracle(&mut s.store))
+    }
+
+    /// The oracle's next actions for `env` (at most `max_actions`), or
+    /// `None` when the plugin does not export the oracle. The answer is as
+    /// the plugin gave it: [`EnvPool::oracle`](crate::EnvPool::oracle)
+    /// checks it against the action space.
+    pub fn best_actions(&mut self, env: EnvHandle, max_actions: u32) -> Option<Result<Result<Vec<Action>, EnvError>, Fault>> {
+        self.oracle.as_ref()?;
+        Some(
+            self.call_with("best-actions", |s| {
+                s.oracle.as_ref().expect("checked above").call_best_actions(&mut s.store, env.0, max_actions)
+            }),
+        )
     }
 
     pub fn render(&mut self, env: EnvHandle) -> Result<String, Fault> {

@@ -2,7 +2,7 @@
 
 use crate::IntoAnyhow;
 use crate::bindings::exports::ragen::env::environment::{EnvSpec, PluginInfo};
-use crate::bindings::exports::ragen::env::{batch, environment};
+use crate::bindings::exports::ragen::env::{batch, environment, oracle};
 use crate::cache::CompileCache;
 use crate::contract::{self, ContractVersion};
 use crate::instance::PluginInstance;
@@ -10,6 +10,7 @@ use crate::sandbox::{self, SandboxLimits, StoreState};
 use crate::wasi;
 use anyhow::{Context, Result};
 use std::path::Path;
+use std::sync::OnceLock;
 use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Config, Engine, Store};
 
@@ -46,6 +47,10 @@ pub struct Plugin {
     environment: environment::GuestIndices,
     /// Where `batch`'s are, when the plugin exports it.
     batch: Option<batch::GuestIndices>,
+    /// Where `oracle`'s are, when the plugin exports it.
+    oracle: Option<oracle::GuestIndices>,
+    /// The plugin's `has-oracle` answer, asked once.
+    has_oracle: OnceLock<bool>,
     limits: SandboxLimits,
     contract_version: ContractVersion,
     imports: Vec<String>,
@@ -110,10 +115,27 @@ impl Plugin {
         } else {
             None
         };
+        let oracle = if contract::exports_oracle(exports.iter().map(String::as_str)) {
+            Some(oracle::GuestIndices::new(&pre).anyhow().context("its `oracle` export does not match wit/env.wit").with_context(fail)?)
+        } else {
+            None
+        };
         sandbox::start_epoch_ticker(&engine);
 
-        let size_bytes = bytes.len();
-        Ok(Self { engine, pre, environment, batch, limits, contract_version, imports, size_bytes, source: source.to_string(), from_cache })
+        Ok(Self {
+            engine,
+            pre,
+            environment,
+            batch,
+            oracle,
+            has_oracle: OnceLock::new(),
+            limits,
+            contract_version,
+            imports,
+            size_bytes: bytes.len(),
+            source: source.to_string(),
+            from_cache,
+        })
     }
 
     /// A fresh, isolated instance: its own memory, its own envs.
@@ -126,7 +148,8 @@ impl Plugin {
         let instance = self.pre.instantiate(&mut store).anyhow().with_context(fail)?;
         let environment = self.environment.load(&mut store, &instance).anyhow().with_context(fail)?;
         let batch = self.batch.as_ref().map(|b| b.load(&mut store, &instance)).transpose().anyhow().with_context(fail)?;
-        Ok(PluginInstance::new(store, environment, batch, self.limits.clone()))
+        let oracle = self.oracle.as_ref().map(|o| o.load(&mut store, &instance)).transpose().anyhow().with_context(fail)?;
+        Ok(PluginInstance::new(store, environment, batch, oracle, self.limits.clone()))
     }
 
     /// What the plugin says about itself and about an env made with
@@ -148,6 +171,20 @@ impl Plugin {
     /// wit/env.wit); pools use them when it does.
     pub fn has_batch(&self) -> bool {
         self.batch.is_some()
+    }
+
+    /// Whether the plugin has an oracle: it exports the optional `oracle`
+    /// interface and its `has-oracle` says so (asked once, in a throwaway
+    /// instance). Fails, naming the plugin, when that call faults.
+    pub fn has_oracle(&self) -> Result<bool> {
+        if self.oracle.is_none() {
+            return Ok(false);
+        }
+        if let Some(&known) = self.has_oracle.get() {
+            return Ok(known);
+        }
+        let answer = self.instantiate()?.has_oracle().with_context(|| format!("plugin `{}`: has-oracle", self.source))?;
+        Ok(*self.has_oracle.get_or_init(|| answer))
     }
 
     /// The contract version the plugin was built against.

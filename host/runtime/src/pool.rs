@@ -163,11 +163,14 @@ pub(crate) enum Call {
     Step(Action),
 }
 
-type Reply = Vec<(usize, Result<PoolStep, EnvFailure>)>;
+/// Each item's position in the caller's batch and its answer.
+type Reply<T> = Vec<(usize, Result<T, EnvFailure>)>;
 
 enum Job {
     /// (position in the caller's batch, worker-local env index, call)
-    Run(Vec<(usize, usize, Call)>, Sender<Reply>),
+    Run(Vec<(usize, usize, Call)>, Sender<Reply<PoolStep>>),
+    /// (position, worker-local env index, most actions wanted)
+    Oracle(Vec<(usize, usize, u32)>, Sender<Reply<Vec<Action>>>),
     Stats(Sender<PoolStats>),
 }
 
@@ -299,26 +302,50 @@ impl EnvPool {
         Ok(total)
     }
 
+    /// The oracle's next actions for `env_ids[i]`, at most `max_actions[i]`
+    /// of them, in the order given: the env's own best play (the contract's
+    /// optional `oracle`; see [`Plugin::has_oracle`]). The state does not
+    /// change. An answer the action space does not allow (an empty plan, an
+    /// id past the names, text over the limit, more actions than asked)
+    /// fails the episode as invalid output; a plugin without an oracle
+    /// fails it as a `failed` env error.
+    pub fn oracle(&self, env_ids: &[usize], max_actions: &[u32]) -> Result<Vec<Result<Vec<Action>, EnvFailure>>> {
+        if env_ids.len() != max_actions.len() {
+            bail!("oracle: {} env ids but {} action counts", env_ids.len(), max_actions.len());
+        }
+        self.scatter(env_ids.iter().copied().zip(max_actions.iter().copied()).collect(), Job::Oracle)
+    }
+
     fn run(&self, calls: Vec<(usize, Call)>) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
+        self.scatter(calls, Job::Run)
+    }
+
+    /// Send each call to the worker that owns its env, as one job per
+    /// worker, and gather the answers in the caller's order.
+    fn scatter<C, T>(
+        &self,
+        calls: Vec<(usize, C)>,
+        job: impl Fn(Vec<(usize, usize, C)>, Sender<Reply<T>>) -> Job,
+    ) -> Result<Vec<Result<T, EnvFailure>>> {
         let threads = self.workers.len();
         let n = calls.len();
-        let mut per_worker: Vec<Vec<(usize, usize, Call)>> = (0..threads).map(|_| Vec::new()).collect();
+        let mut per_worker: Vec<Vec<(usize, usize, C)>> = (0..threads).map(|_| Vec::new()).collect();
         for (pos, (id, call)) in calls.into_iter().enumerate() {
             if id >= self.num_envs {
                 bail!("env id {id} is out of range; the pool has {} envs", self.num_envs);
             }
             per_worker[id % threads].push((pos, id / threads, call));
         }
-        let (tx, rx): (Sender<Reply>, Receiver<Reply>) = mpsc::channel();
+        let (tx, rx): (Sender<Reply<T>>, Receiver<Reply<T>>) = mpsc::channel();
         let mut pending = 0;
         for (w, batch) in per_worker.into_iter().enumerate() {
             if !batch.is_empty() {
-                self.workers[w].jobs.send(Job::Run(batch, tx.clone())).ok().context("a pool worker has died")?;
+                self.workers[w].jobs.send(job(batch, tx.clone())).ok().context("a pool worker has died")?;
                 pending += 1;
             }
         }
         drop(tx);
-        let mut out: Vec<Option<Result<PoolStep, EnvFailure>>> = (0..n).map(|_| None).collect();
+        let mut out: Vec<Option<Result<T, EnvFailure>>> = (0..n).map(|_| None).collect();
         for _ in 0..pending {
             for (pos, r) in rx.recv().context("a pool worker died mid-batch")? {
                 out[pos] = Some(r);
@@ -346,6 +373,13 @@ fn run_worker(mut shards: Vec<Shard>, per_instance: usize, autoreset: bool, jobs
                     }
                 }
                 let _ = reply.send(results);
+            }
+            Job::Oracle(calls, reply) => {
+                let answers = calls
+                    .into_iter()
+                    .map(|(pos, local, max_actions)| (pos, shards[local / per_instance].oracle(local % per_instance, max_actions)))
+                    .collect();
+                let _ = reply.send(answers);
             }
             Job::Stats(reply) => {
                 let _ = reply.send(PoolStats {

@@ -21,7 +21,7 @@
 //! budget, rather than a timeout and a replay on every batch.
 
 use crate::bindings::exports::ragen::env::environment::StepResult;
-use crate::bindings::ragen::env::types::{Action, EnvError};
+use crate::bindings::ragen::env::types::{Action, ActionSpace, EnvError, ErrorKind};
 use crate::instance::{EnvHandle, PluginInstance};
 use crate::plugin::Plugin;
 use crate::pool::{Call, EnvFailure, FailureKind, PoolStep};
@@ -77,6 +77,9 @@ pub(crate) struct Shard {
     /// Whether to use the plugin's batched calls (off for plugins without
     /// them, by configuration, or after a batch ran out of time).
     batched: bool,
+    /// The envs' action space, read on the first oracle call to check the
+    /// oracle's answers against.
+    space: Option<ActionSpace>,
 }
 
 /// The seed an autoreset uses after an episode from `seed`: a splitmix64
@@ -100,7 +103,7 @@ impl Shard {
             slots.push(Slot { id, handle: Some(handle), episode: Episode::Fresh });
         }
         let batched = batched && plugin.has_batch();
-        Ok(Self { plugin, settings, instance, slots, restarts: 0, batched })
+        Ok(Self { plugin, settings, instance, slots, restarts: 0, batched, space: None })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -350,6 +353,44 @@ impl Shard {
         }
     }
 
+    /// The oracle's next actions for `slot`'s running episode, checked
+    /// against the action space; see [`EnvPool::oracle`](crate::EnvPool::oracle).
+    pub(crate) fn oracle(&mut self, slot: usize, max_actions: u32) -> Result<Vec<Action>, EnvFailure> {
+        let seed = match &self.slots[slot].episode {
+            Episode::Running { seed, .. } => *seed,
+            other => {
+                let kind = if other.seed().is_some() { ErrorKind::EpisodeOver } else { ErrorKind::NotStarted };
+                let message = "the oracle was asked outside a running episode; reset the env first".to_string();
+                return Err(self.failure(slot, other.seed(), FailureKind::Env(kind), message));
+            }
+        };
+        let Some(handle) = self.slots[slot].handle else {
+            return Err(self.unavailable(slot, Some(seed)));
+        };
+        if self.space.is_none() {
+            match self.instance.spec_unchecked(handle) {
+                Ok(spec) => self.space = Some(spec.action_space),
+                Err(fault) => return Err(self.fault(slot, Some(seed), fault)),
+            }
+        }
+        match self.instance.best_actions(handle, max_actions) {
+            None => {
+                let message = "the plugin exports no oracle (`ragen:env/oracle` in wit/env.wit)".to_string();
+                Err(self.failure(slot, Some(seed), FailureKind::Env(ErrorKind::Failed), message))
+            }
+            Some(Err(fault)) => Err(self.fault(slot, Some(seed), fault)),
+            Some(Ok(Err(e))) => Err(self.env_error(slot, Some(seed), e)),
+            Some(Ok(Ok(plan))) => match check_plan(&plan, max_actions, self.space.as_ref().expect("read above")) {
+                Ok(()) => Ok(plan),
+                Err(problem) => {
+                    let why = format!("best-actions: {problem}");
+                    self.slots[slot].episode = Episode::Failed { seed: Some(seed), why: why.clone() };
+                    Err(self.failure(slot, Some(seed), FailureKind::InvalidOutput, why))
+                }
+            },
+        }
+    }
+
     fn unavailable(&mut self, slot: usize, seed: Option<u64>) -> EnvFailure {
         // Try again to bring the instance back (e.g. instantiation failed
         // last time under memory pressure).
@@ -420,4 +461,28 @@ impl Shard {
         }
         Ok(())
     }
+}
+
+/// What the contract allows an oracle to answer: one action or more, at
+/// most `max_actions`, each of the kind and size the action space declares.
+fn check_plan(plan: &[Action], max_actions: u32, space: &ActionSpace) -> Result<(), String> {
+    if plan.is_empty() {
+        return Err("returned no action for a running episode; it must return at least one".into());
+    }
+    if plan.len() > max_actions.max(1) as usize {
+        return Err(format!("returned {} actions, {max_actions} were asked for", plan.len()));
+    }
+    for action in plan {
+        match (action, space) {
+            (Action::Id(id), ActionSpace::Names(names)) if (*id as usize) < names.len() => {}
+            (Action::Id(id), ActionSpace::Names(names)) => return Err(format!("action id {id} is past the {} action names", names.len())),
+            (Action::Text(text), ActionSpace::Text(t)) if text.len() <= t.max_bytes as usize => {}
+            (Action::Text(text), ActionSpace::Text(t)) => {
+                return Err(format!("a text action of {} bytes, over the limit of {}", text.len(), t.max_bytes));
+            }
+            (Action::Id(_), ActionSpace::Text(_)) => return Err("an action id for an env whose actions are text".into()),
+            (Action::Text(_), ActionSpace::Names(_)) => return Err("a text action for an env whose actions are names".into()),
+        }
+    }
+    Ok(())
 }

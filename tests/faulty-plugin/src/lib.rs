@@ -184,7 +184,7 @@ impl Environment for Faulty {
             reward,
             done: self.steps >= 5,
             info: StepInfo {
-                success: self.steps >= 5,
+                success: self.steps >= 5 && (!cfg!(feature = "lying-oracle") || self.count > self.seed % 10),
                 action_is_valid: true,
                 action_is_effective: action == 0,
                 metrics: if cfg!(feature = "configurable") { vec![self.knobs.metric] } else { vec![] },
@@ -206,6 +206,17 @@ impl Environment for Faulty {
     }
 }
 
+/// Claims `Stay` is best; it never wins (see the `lying-oracle` feature).
+#[cfg(feature = "lying-oracle")]
+impl Oracle for Faulty {
+    fn best_actions(&self, _max_actions: u32) -> Vec<u32> {
+        vec![1]
+    }
+}
+
+#[cfg(feature = "lying-oracle")]
+export_env!(Faulty, oracle);
+#[cfg(not(feature = "lying-oracle"))]
 export_env!(Faulty);
 
 /// Recursion without end, each frame holding some stack.

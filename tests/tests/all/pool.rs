@@ -280,3 +280,36 @@ fn a_trap_inside_a_batch_keeps_batching_on() {
     assert!(out.iter().enumerate().all(|(i, r)| r.is_err() == (i % 4 == 3)), "{out:?}");
     assert_eq!(pool.stats().unwrap().batched_instances, 1);
 }
+
+/// The oracle through the pool: the native env's answer, the episode rules
+/// enforced, the state untouched by asking, and a plugin without one
+/// refused per env.
+#[test]
+fn the_pool_asks_each_envs_oracle() {
+    let plugin = shipped("sokoban");
+    assert!(plugin.has_oracle().unwrap());
+    let pool = EnvPool::new(plugin, &PoolConfig { autoreset: false, ..config(4, 2, 2) }).unwrap();
+    let ids: Vec<usize> = (0..4).collect();
+    let early = pool.oracle(&ids, &[5; 4]).unwrap();
+    assert!(early.iter().all(|r| matches!(r, Err(f) if f.kind == FailureKind::Env(ragen_runtime::ErrorKind::NotStarted))), "{early:?}");
+    let seeds = [3, 4, 5, 6];
+    pool.reset_all(&seeds).unwrap();
+    let plans = pool.oracle(&ids, &[5, 5, 1, 2]).unwrap();
+    for (i, plan) in plans.into_iter().enumerate() {
+        let plan = plan.unwrap();
+        let mut native = CheckedEnv::<Sokoban>::with(&[]).unwrap();
+        native.reset(seeds[i]).unwrap();
+        let expected = native.best_actions([5, 5, 1, 2][i]).unwrap();
+        let as_wire = |a: &ragen_env_sdk::Action| match a {
+            ragen_env_sdk::Action::Id(id) => Action::Id(*id),
+            ragen_env_sdk::Action::Text(t) => Action::Text(t.clone()),
+        };
+        assert_eq!(plan, expected.iter().map(as_wire).collect::<Vec<_>>(), "env {i}");
+        // Asking changed nothing: the first move plays as it would have.
+        let step = pool.step(&[i], &[plan[0].clone()]).unwrap().remove(0).unwrap();
+        assert_eq!(step.observation, native.step(expected[0].clone()).unwrap().observation, "env {i}");
+    }
+
+    let corridor = loaded_example("corridor");
+    assert!(!corridor.has_oracle().unwrap(), "the corridor example exports no oracle");
+}

@@ -1,7 +1,9 @@
 //! Policies that need no training: baselines and test drivers for the loop.
 
+mod oracle;
 mod random;
 
+pub use oracle::{ORACLE_MISSING, ORACLE_THOUGHT, OraclePolicy};
 pub use random::{RANDOM_NEEDS_NAMES, RandomPolicy};
 
 /// The reply a scripted policy sends to play `names`, after the pre-fill

@@ -20,8 +20,8 @@ impl RandomPolicy {
 
 /// Why the random policy cannot play a text env, and what to use instead.
 pub const RANDOM_NEEDS_NAMES: &str = "the random policy picks action names, and this env's action is free text \
-     (there is no uniform distribution over all text); evaluate a model instead (--model PATH), or, for a shipped env, \
-     its solver (--policy countdown-solver for Countdown)";
+     (there is no uniform distribution over all text); evaluate a model instead (--model PATH), or the env's own \
+     best play (--policy oracle) where the plugin has an oracle";
 
 impl Policy for RandomPolicy {
     fn name(&self) -> &str {

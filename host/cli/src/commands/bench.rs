@@ -454,6 +454,7 @@ pub fn policy<B: ragen_ops::TrainBackend>(
             observation: &observation,
             actions: spec.action_names(),
             max_actions: limits.max_actions_per_turn,
+            oracle: None,
         };
         rows.push(policy.prompt_tokens(&context));
     }
@@ -498,6 +499,7 @@ pub fn llm<B: ragen_ops::TrainBackend>(
             observation: &observation,
             actions: spec.action_names(),
             max_actions: limits.max_actions_per_turn,
+            oracle: None,
         };
         rows.push(policy.prompt_tokens(&context)?);
     }

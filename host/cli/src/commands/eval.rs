@@ -6,9 +6,8 @@ use crate::args::{Generation, Settings, default_threads};
 use crate::oci::PluginSource;
 use crate::output::{errln, print_report};
 use crate::shipped::Twin;
-use crate::solver::{CountdownSolverPolicy, SokobanSolverPolicy};
 use anyhow::{Context, Result, bail};
-use ragen_agent::policies::RandomPolicy;
+use ragen_agent::policies::{ORACLE_MISSING, OraclePolicy, RandomPolicy};
 use ragen_agent::{AgentConfig, LoopLimits, Policy, RolloutConfig, RolloutRunner, Trajectory, summarize, write_jsonl};
 use ragen_runtime::Plugin;
 use serde::Serialize;
@@ -19,8 +18,9 @@ use std::sync::Arc;
 /// Play a policy on fixed seeds (default: 256 seeds from 123, one
 /// episode each, as the reference evaluates) and report success, return,
 /// valid- and effective-action ratios, and the optimal policy's success
-/// on the same seeds where a solver exists (Sokoban: BFS; FrozenLake:
-/// value iteration; Bandit: always the better arm).
+/// on the same seeds where this build knows the env (Sokoban: BFS;
+/// FrozenLake: value iteration; Countdown: exact search; Bandit: always the
+/// better arm).
 #[derive(clap::Args)]
 pub struct EvalCommand {
     /// The environment plugin: a .wasm file or
@@ -30,9 +30,9 @@ pub struct EvalCommand {
     #[arg(long, required_unless_present = "checkpoint")]
     env: Option<PluginSource>,
     /// `random` (uniform well-formed answers; envs with action names
-    /// only), `sokoban-solver` (replays BFS solutions) or
-    /// `countdown-solver` (an expression found by exact search); ignored
-    /// with --checkpoint.
+    /// only) or `oracle` (the env's own best play, for plugins that export
+    /// the contract's optional oracle, as the shipped ones do); ignored
+    /// with --checkpoint or --model.
     #[arg(long, default_value = "random")]
     policy: String,
     /// Evaluate the policy trained in this run directory (at its
@@ -207,7 +207,7 @@ pub struct FailedEpisode {
 
 /// The policy the options name: a pretrained model, a trained checkpoint
 /// (with which checkpoint it read), or a scripted policy.
-fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<(Box<dyn Policy>, Option<String>)> {
+fn make_policy(opts: &Options, plugin: &Plugin, runner: &RolloutRunner) -> Result<(Box<dyn Policy>, Option<String>)> {
     if let Some(model) = &opts.model {
         let sampling = model.sampling;
         let seed = opts.seed;
@@ -227,14 +227,9 @@ fn make_policy(opts: &Options, runner: &RolloutRunner) -> Result<(Box<dyn Policy
         }
         (None, "random") if runner.spec().takes_text() => bail!("--policy random: {}", ragen_agent::policies::RANDOM_NEEDS_NAMES),
         (None, "random") => (Box::new(RandomPolicy::new(opts.seed)), None),
-        // A non-Countdown state fails the first reply, naming the state.
-        (None, "countdown-solver") => (Box::new(CountdownSolverPolicy), None),
-        (None, "sokoban-solver") => {
-            (Box::new(SokobanSolverPolicy::new(runner.spec()).context("--policy sokoban-solver needs a Sokoban plugin")?), None)
-        }
-        (None, other) => {
-            bail!("unknown policy `{other}`; use `random`, `sokoban-solver` or `countdown-solver`, --checkpoint DIR or --model PATH")
-        }
+        (None, "oracle") if !plugin.has_oracle()? => bail!("--policy oracle: {ORACLE_MISSING}"),
+        (None, "oracle") => (Box::new(OraclePolicy), None),
+        (None, other) => bail!("unknown policy `{other}`; use `random` or `oracle`, --checkpoint DIR or --model PATH"),
     })
 }
 
@@ -254,8 +249,8 @@ pub fn eval(opts: Options) -> Result<Report> {
     };
     // Evaluation: one sample per seed.
     let rollout = RolloutConfig { env_groups: opts.episodes, group_size: 1, ..opts.config.rollout.clone() };
-    let runner = RolloutRunner::new(plugin, &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
-    let (mut policy, checkpoint) = make_policy(&opts, &runner)?;
+    let runner = RolloutRunner::new(plugin.clone(), &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
+    let (mut policy, checkpoint) = make_policy(&opts, &plugin, &runner)?;
     let seeds: Vec<u64> = (0..opts.episodes as u64).map(|i| opts.seed_start + i).collect();
     let ts = runner.run(policy.as_mut(), &seeds)?;
     if let Some(path) = &opts.trajectories {

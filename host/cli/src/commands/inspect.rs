@@ -46,6 +46,8 @@ pub struct Report {
     pub contract: String,
     /// Whether it exports the contract's batched calls (`batch`).
     pub batched: bool,
+    /// Whether it has the contract's optional oracle (`eval --policy oracle`).
+    pub oracle: bool,
     pub name: String,
     pub version: String,
     pub description: String,
@@ -125,6 +127,7 @@ pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
         compiled,
         contract: format!("{CONTRACT_PACKAGE}@{}", plugin.contract_version()),
         batched: plugin.has_batch(),
+        oracle: plugin.has_oracle()?,
         name: info.name,
         version: info.version,
         description: info.description,
@@ -164,7 +167,8 @@ impl Report {
         let _ = writeln!(s, "  file          {} ({} bytes)", self.file, self.size_bytes);
         let _ = writeln!(s, "  loaded        in {:.2} s ({})", self.load_seconds, self.compiled);
         let batched = if self.batched { "batched calls" } else { "single calls only" };
-        let _ = writeln!(s, "  contract      {} ({batched})", self.contract);
+        let oracle = if self.oracle { "an oracle" } else { "no oracle" };
+        let _ = writeln!(s, "  contract      {} ({batched}, {oracle})", self.contract);
         let _ = writeln!(s, "  turns         {}", if self.multi_turn { "multi-turn" } else { "single-turn" });
         match &self.env.text_action {
             Some(t) => {

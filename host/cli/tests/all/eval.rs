@@ -1,6 +1,6 @@
 //! `ragen-host eval`: baselines on the reference's eval seeds.
 
-use crate::common::{plugin, ragen_host, scratch, text};
+use crate::common::{example, plugin, ragen_host, scratch, text};
 
 fn eval_json(args: &[&str]) -> serde_json::Value {
     let out = ragen_host(&[&["eval"], args, &["--json"]].concat());
@@ -21,13 +21,13 @@ fn random_eval_reports_success_return_validity_and_the_bound() {
 }
 
 #[test]
-fn the_solver_reaches_the_bound_and_trajectories_are_written() {
-    let file = scratch("eval").join("solver.jsonl");
+fn the_oracle_reaches_the_bound_and_trajectories_are_written() {
+    let file = scratch("eval").join("oracle.jsonl");
     let v = eval_json(&[
         "--env",
         plugin("sokoban").to_str().unwrap(),
         "--policy",
-        "sokoban-solver",
+        "oracle",
         "--episodes",
         "32",
         "--trajectories",
@@ -44,6 +44,12 @@ fn eval_explains_bad_input() {
     let out = ragen_host(&["eval", "--env", plugin("bandit").to_str().unwrap(), "--policy", "genius"]);
     assert!(!out.status.success());
     assert!(text(&out).contains("unknown policy `genius`"), "{}", text(&out));
+    // A plugin without an oracle (the Rust corridor example exports the
+    // interface, and `has-oracle` says false) is refused up front, saying
+    // how to add one.
+    let out = ragen_host(&["eval", "--env", example("corridor").to_str().unwrap(), "--policy", "oracle"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("has no oracle") && text(&out).contains("export_env!(MyEnv, oracle)"), "{}", text(&out));
     let bad = scratch("eval").join("bad.toml");
     std::fs::write(&bad, "[rollout]\ngroup_sise = 3\n").unwrap();
     let out = ragen_host(&["eval", "--env", plugin("bandit").to_str().unwrap(), "--config", bad.to_str().unwrap()]);
@@ -80,7 +86,7 @@ fn countdown_is_evaluated_with_text_answers() {
         "--env",
         countdown.to_str().unwrap(),
         "--policy",
-        "countdown-solver",
+        "oracle",
         "--episodes",
         "32",
         "--trajectories",
@@ -96,7 +102,7 @@ fn countdown_is_evaluated_with_text_answers() {
     // No uniform random text: the random policy says what to use instead.
     let out = ragen_host(&["eval", "--env", countdown.to_str().unwrap(), "--policy", "random"]);
     assert!(!out.status.success());
-    assert!(text(&out).contains("free text") && text(&out).contains("countdown-solver"), "{}", text(&out));
+    assert!(text(&out).contains("free text") && text(&out).contains("--policy oracle"), "{}", text(&out));
 }
 
 #[test]

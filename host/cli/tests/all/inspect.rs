@@ -13,6 +13,7 @@ fn inspect_json_describes_the_plugin() {
     assert_eq!(v["version"], "0.1.0");
     assert_eq!(v["contract"], "ragen:env@0.2.0");
     assert_eq!(v["batched"], true);
+    assert_eq!(v["oracle"], true);
     assert_eq!(v["env"]["actions"], serde_json::json!(["Up", "Down", "Left", "Right"]));
     assert_eq!(v["env"]["legend"][0]["symbol"], "#");
     let keys: Vec<&str> = v["config_keys"].as_array().unwrap().iter().map(|k| k["name"].as_str().unwrap()).collect();

@@ -15,7 +15,7 @@ fn the_python_and_javascript_plugins_and_every_guide_example_pass_validate() {
         let out = ragen_host(&["validate", file.to_str().unwrap(), "--budget", "180"]);
         let report = text(&out);
         assert!(out.status.success(), "{name}:\n{report}");
-        assert!(report.contains("PASS: all 10 checks passed"), "{name}:\n{report}");
+        assert!(report.contains("PASS: all 11 checks passed"), "{name}:\n{report}");
     }
 }
 

@@ -10,9 +10,11 @@ fn the_shipped_plugins_pass() {
         let out = ragen_host(&["validate", plugin(name).to_str().unwrap()]);
         let report = text(&out);
         assert!(out.status.success(), "{name}:\n{report}");
-        assert!(report.contains("PASS: all 10 checks passed"), "{report}");
+        assert!(report.contains("PASS: all 11 checks passed"), "{report}");
         assert!(report.contains("resets/s") && report.contains("steps/s"), "{report}");
         assert!(report.contains("reset-many and step-many match single calls"), "{report}");
+        // Every shipped plugin has an oracle, and it beats random play.
+        assert!(report.contains("answers within the rules"), "{name}:\n{report}");
     }
 }
 
@@ -63,6 +65,14 @@ fn a_trap_in_reset_fails() {
     // The panic message reaches the author through the sandbox's stderr.
     assert!(report.contains("deliberate trap in reset (seed 3)"), "{report}");
     assert!(!report.contains("RUST_BACKTRACE"), "{report}");
+}
+
+#[test]
+fn an_oracle_that_loses_to_random_play_is_reported_as_lying() {
+    let report = fails_with(&faulty("lying-oracle"), "the oracle lies");
+    assert!(report.contains("succeeded on 0 of 16 seeds"), "{report}");
+    // The rest of the plugin is sound: only the oracle check fails.
+    assert!(report.contains("FAIL: 1 of 11 checks failed"), "{report}");
 }
 
 #[test]
