@@ -206,6 +206,18 @@ impl Environment for FrozenLake {
     }
 }
 
+/// A first move from `cell` that reaches the goal with the best probability
+/// `horizon` moves allow, as soon as possible: value iteration's move for
+/// the shortest horizon that already attains that probability. (With the
+/// full horizon every move that keeps the best probability ties, walking
+/// into a wall among them while moves are to spare.)
+fn fastest_best_move(lake: &Lake, slip: Slip, cell: usize, horizon: u32) -> Dir {
+    let by_horizon: Vec<values::Values> = (1..=horizon).map(|h| values::value_iteration(lake, slip, h)).collect();
+    let best = by_horizon.last().expect("a horizon of at least 1").value[cell];
+    let fastest = by_horizon.iter().find(|v| v.value[cell] >= best - 1e-9).expect("the last horizon attains it");
+    fastest.policy[cell]
+}
+
 /// The action budget the spec recommends (RAGEN's `max_actions_per_traj`).
 const MAX_ACTIONS_PER_EPISODE: u32 = 10;
 
@@ -222,7 +234,7 @@ impl Oracle for FrozenLake {
         let mut cell = self.player;
         let mut plan = Vec::with_capacity(moves as usize);
         for i in 0..moves {
-            let dir = values::value_iteration(lake, self.slip, left - i).policy[cell];
+            let dir = fastest_best_move(lake, self.slip, cell, left - i);
             plan.push(Dir::ALL.iter().position(|&d| d == dir).expect("a direction") as u32);
             cell = lake.moved(cell, dir);
             if lake.tile(cell) != Tile::Frozen {

@@ -202,7 +202,16 @@ mod tests {
         for (name, twin, slack) in
             [("bandit", Twin::Bandit, 0.0), ("countdown", Twin::Countdown, 0.0), ("frozenlake", Twin::FrozenLake, 0.1)]
         {
-            let r = runner(name, 256);
+            // The bound plays FrozenLake seeing the state after every move,
+            // which the loop allows with one action a turn (the FrozenLake
+            // recipe's ten turns of one action): the slippery lake's oracle
+            // gives one move a turn.
+            let config = match name {
+                "frozenlake" => RolloutConfig { max_turn: Some(10), max_actions_per_turn: Some(1), ..RolloutConfig::default() },
+                _ => RolloutConfig::default(),
+            };
+            let config = RolloutConfig { env_groups: 256, group_size: 1, ..config };
+            let r = RolloutRunner::new(plugin(name), &[], config, PromptTemplates::default(), 2).unwrap();
             let ts = r.run(&mut OraclePolicy, &seeds).unwrap();
             let m = summarize(&ts);
             let bound = twin.optimal_success(&[], &seeds, r.limits(), r.spec().limits.max_steps).unwrap();
