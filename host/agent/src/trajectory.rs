@@ -104,6 +104,22 @@ impl TokenView {
 }
 
 impl Trajectory {
+    /// This trajectory with every reply re-encoded by `tokenizer` (the text
+    /// after the pre-fill), each token at log-probability 0: a
+    /// demonstration played by another policy (the env's oracle, a script,
+    /// a person), ready for a model with that tokenizer to imitate. The
+    /// prompts are the ones the demonstration was played with, so a warm
+    /// start reads exactly what reinforcement learning will.
+    pub fn retokenized(&self, tokenizer: &dyn Tokenizer) -> Trajectory {
+        let mut t = self.clone();
+        for s in t.segments.iter_mut().filter(|s| s.role == Role::Assistant) {
+            let reply = s.text.strip_prefix(s.prefill.as_str()).unwrap_or(&s.text);
+            s.tokens = tokenizer.encode(reply);
+            s.logprobs = vec![0.0; s.tokens.len()];
+        }
+        t
+    }
+
     /// The sequences the policy's replies were sampled from, each with
     /// its replies: the whole conversation as one view, or, with a context
     /// window or a chat template, one view per reply (the prompt it read,

@@ -16,6 +16,9 @@
 //!    critic of its own (`[critic]`), the value loss leaves the policy's
 //!    objective and the critic takes its own AdamW step on it, on the same
 //!    mini-batch.
+//!
+//! [`Learner::imitate`] is the supervised warm start on demonstrations:
+//! steps 1 and 4 with one loss, −log p of the replies' tokens.
 
 use crate::advantages::{Estimator, SequenceInput};
 use crate::loss::{Clip, kl_to_reference, masked_mean, policy_loss, value_loss};
@@ -152,6 +155,18 @@ impl UpdateStats {
     }
 }
 
+/// What an update's steps descend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Objective {
+    /// The module doc's loss: clipped surrogate, value, entropy, KL and
+    /// world-model terms.
+    StarPo,
+    /// Supervised imitation of the replies: −log p of each agent token at
+    /// temperature 1 (under the grammar's mask where replies follow one),
+    /// a token mean. Nothing else is trained: no value, no observations.
+    Imitation,
+}
+
 /// Per agent token of each row, what the loss compares against: fixed
 /// before the first optimizer step.
 struct Targets {
@@ -282,7 +297,22 @@ where
             .collect();
         let (advantages, returns) = self.config.estimator.estimate(&sequences, self.config.gamma, self.config.lambda);
         let targets = Targets { advantages, returns, old_values, ref_logps };
-        let stats = self.optimize(&rows, &targets, vocab)?;
+        let stats = self.optimize(&rows, &targets, vocab, Objective::StarPo)?;
+        let row_tokens = rows.iter().map(|r| r.tokens.len()).sum();
+        Ok(UpdateStats { agent_tokens: rows.iter().map(|r| r.agent.len()).sum(), row_tokens, truncated, ..stats })
+    }
+
+    /// One supervised update on demonstrations (trajectories whose replies
+    /// are in this model's tokens: see [`Trajectory::retokenized`]): the
+    /// same epochs and mini-batches as [`Learner::update`], each step on
+    /// the token mean of −log p of the replies' tokens alone. The prompts
+    /// and the env's messages are read, never trained on. `policy_loss`
+    /// reports that mean (nats per agent token), averaged over the steps.
+    pub fn imitate(&mut self, batch: &[&Trajectory], tokenizer: &dyn Tokenizer) -> Result<UpdateStats> {
+        let vocab = self.grammar.as_ref().map_or(0, AnswerGrammar::vocab_size);
+        let (rows, truncated) = self.lay_out(batch, tokenizer)?;
+        let targets = Targets { advantages: vec![], returns: vec![], old_values: vec![], ref_logps: vec![] };
+        let stats = self.optimize(&rows, &targets, vocab, Objective::Imitation)?;
         let row_tokens = rows.iter().map(|r| r.tokens.len()).sum();
         Ok(UpdateStats { agent_tokens: rows.iter().map(|r| r.agent.len()).sum(), row_tokens, truncated, ..stats })
     }
@@ -355,7 +385,7 @@ where
     ///    estimator's). The order is shuffled per epoch from the batch's own
     ///    seeds, so a resumed run replays it exactly. Returns the steps'
     ///    mean statistics.
-    fn optimize(&mut self, rows: &[Row], targets: &Targets, vocab: usize) -> Result<UpdateStats> {
+    fn optimize(&mut self, rows: &[Row], targets: &Targets, vocab: usize, objective: Objective) -> Result<UpdateStats> {
         let cfg = self.config;
         let size = if cfg.mini_batch_size == 0 { rows.len() } else { cfg.mini_batch_size.min(rows.len()) };
         let order_seed = rows.iter().fold(0u64, |h, r| ragen_runtime::next_seed(h ^ r.trajectory.seed ^ r.trajectory.env as u64));
@@ -372,13 +402,13 @@ where
                 // The model goes back in place after every step, stepped or
                 // not, so an error below leaves the learner whole.
                 let model = self.model.take().expect("model present");
-                let (model, policy) = match self.step(model, rows, picked, targets, vocab) {
+                let (model, policy) = match self.step(model, rows, picked, targets, (vocab, objective)) {
                     Ok((m, st)) => (m, Ok(st)),
                     Err((m, e)) => (m, Err(e)),
                 };
                 self.model = Some(model);
                 sums.add(&policy?);
-                if self.critic.is_some() {
+                if self.critic.is_some() && objective == Objective::StarPo {
                     critic_sums.add(&self.critic_step(rows, picked, targets)?);
                 }
             }
@@ -405,16 +435,18 @@ where
         rows: &[Row],
         picked: &[usize],
         targets: &Targets,
-        vocab: usize,
+        (vocab, objective): (usize, Objective),
     ) -> std::result::Result<(M, UpdateStats), (M, anyhow::Error)> {
         let cfg = self.config;
         let tokens: usize = picked.iter().map(|&i| rows[i].agent.len()).sum();
         let observed: usize = if cfg.world_model_coef != 0.0 { picked.iter().map(|&i| rows[i].observed.len()).sum() } else { 0 };
         let value_coef = if cfg.estimator.uses_critic() && self.critic.is_none() { cfg.value_coef } else { 0.0 };
         let context = PassContext { config: cfg, device: &self.device, targets, vocab, totals: [tokens, observed], value_coef };
-        let (model, stats) = descend(model, &mut self.optimizer, rows, picked, (cfg.lr, cfg.max_grad_norm), |m: &M, chunk, picked| {
-            context.pass(m, chunk, picked)
-        })?;
+        let (model, stats) =
+            descend(model, &mut self.optimizer, rows, picked, (cfg.lr, cfg.max_grad_norm), |m: &M, chunk, picked| match objective {
+                Objective::StarPo => context.pass(m, chunk, picked),
+                Objective::Imitation => context.imitation_pass(m, chunk),
+            })?;
         Ok((model, UpdateStats { agent_tokens: tokens, ..stats }))
     }
 
@@ -547,6 +579,24 @@ impl<D> PassContext<'_, D> {
             world_model_loss: scalar(wm, 1.0),
             ..UpdateStats::default()
         };
+        (grads, stats)
+    }
+
+    /// One pass of an imitation step over `chunk`: its share of the token
+    /// mean of −log p of the agent's tokens, at temperature 1.
+    fn imitation_pass<B, M>(&self, model: &M, chunk: &[&Row]) -> (GradientsParams, UpdateStats)
+    where
+        B: AutodiffBackend<Device = D> + ScoringBackend,
+        M: PolicyNetwork<B> + AutodiffModule<B>,
+    {
+        let s = score(model, chunk, self.vocab, 1.0, false, self.device);
+        let n = s.logp.dims()[0];
+        let share = n as f64 / self.totals[0].max(1) as f64;
+        let mask = Tensor::<B, 1>::ones([n], self.device);
+        let nll = masked_mean(s.logp.neg(), mask.clone());
+        let grads = GradientsParams::from_grads((nll.clone() * share).backward(), model);
+        let scalar = |t: Tensor<B, 1>| t.into_scalar().elem::<f32>() * share as f32;
+        let stats = UpdateStats { policy_loss: scalar(nll), entropy: scalar(masked_mean(s.entropy, mask)), ..UpdateStats::default() };
         (grads, stats)
     }
 

@@ -324,3 +324,68 @@ fn a_critic_of_its_own_is_checkpointed_with_its_optimizer() {
     assert!(err.contains("[critic]") && err.contains("resume with the config"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_imitation_loss_is_the_mean_surprise_of_the_agent_tokens_alone() {
+    let (ts, tok, mut learner) = frozenlake_batch(UpdateConfig { lr: 1e-3, ..UpdateConfig::default() });
+    let batch: Vec<&Trajectory> = ts.iter().collect();
+    // The replies were sampled at temperature 1 under the grammar's masks,
+    // as imitation scores them, so before its one step the loss is exactly
+    // the mean of −log p the sampler recorded over the replies' tokens. A
+    // loss that also read the prompts or the env's messages would differ.
+    let sampled: Vec<f32> = ts
+        .iter()
+        .flat_map(|t| t.token_view(&tok).logprobs.into_iter().zip(t.token_view(&tok).loss_mask))
+        .filter(|(_, m)| *m == 1)
+        .map(|(l, _)| -l)
+        .collect();
+    let expected = sampled.iter().sum::<f32>() / sampled.len() as f32;
+    let stats = learner.imitate(&batch, &tok).unwrap();
+    assert_eq!(stats.agent_tokens, sampled.len());
+    assert_eq!(stats.optimizer_steps, 1);
+    assert!((stats.policy_loss - expected).abs() < 1e-3 * expected.max(1.0), "{} against {expected}", stats.policy_loss);
+    assert_eq!((stats.value_loss, stats.world_model_loss), (0.0, 0.0), "nothing else is trained");
+}
+
+#[test]
+fn a_tiny_transformer_imitates_the_oracle_and_then_plays_like_it() {
+    // A fixed lake without slips: the oracle's path is the same every
+    // episode, so a few dozen steps of imitation must reproduce it.
+    let templates = PromptTemplates {
+        system: String::new(),
+        intro: "{actions}\n".into(),
+        legend: String::new(),
+        turn: "{state}\n".into(),
+        ..PromptTemplates::default()
+    };
+    let config = RolloutConfig {
+        env_groups: 4,
+        group_size: 1,
+        enable_think: false,
+        max_actions_per_turn: Some(1),
+        max_turn: Some(10),
+        ..RolloutConfig::default()
+    };
+    let settings: Vec<(String, String)> =
+        [("is_slippery", "false"), ("map", "SFFF/FHFH/FFFH/HFFG")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let runner = RolloutRunner::new(crate::common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
+    let tok = PluginTokenizer::new(runner.spec());
+    let demos: Vec<Trajectory> = runner.run(&mut ragen_agent::policies::OraclePolicy, &[0, 1, 2, 3]).unwrap();
+    assert!(demos.iter().all(|t| t.success), "the oracle solves the fixed lake");
+    let demos: Vec<Trajectory> = demos.iter().map(|t| t.retokenized(&tok)).collect();
+    let device = Default::default();
+    let model =
+        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(512).init::<B>(&device);
+    let mut learner =
+        Learner::new(model, Some(AnswerGrammar::new(&tok, false, 0, 1)), UpdateConfig { lr: 1e-2, ..UpdateConfig::default() }, device);
+    let batch: Vec<&Trajectory> = demos.iter().collect();
+    let mut losses = vec![];
+    for _ in 0..60 {
+        losses.push(learner.imitate(&batch, &tok).unwrap().policy_loss);
+    }
+    assert!(losses[59] < 0.1 * losses[0], "the loss falls: {losses:?}");
+    let sampling = SamplingConfig { temperature: 0.1, think_budget: 0 };
+    let mut policy = BurnPolicy::new(learner.policy_model(), tok.clone(), false, 1, sampling, 5, Default::default());
+    let played = summarize(&runner.run(&mut policy, &[10, 11, 12, 13]).unwrap());
+    assert_eq!(played.success_rate, 1.0, "{played:?} after losses {losses:?}");
+}
