@@ -137,6 +137,11 @@ impl RolloutRunner {
         self.limits
     }
 
+    /// What every reply starts with (`<think>` or `<answer>`).
+    pub fn prefill(&self) -> &'static str {
+        self.prompts.prefill()
+    }
+
     /// Play one batch: group `g` is reset from `group_seeds[g]` (at most
     /// `env_groups` groups). Returns `group_seeds.len() * group_size`
     /// trajectories, group by group.

@@ -151,6 +151,42 @@ pub struct PpoSection {
 /// network's passes in every update, so its shape can be smaller than the
 /// policy's: each shape key absent takes `[model]`'s. An empty `[critic]`
 /// table is a critic of the policy's shape and rate.
+/// `[warm_start]`: supervised steps on demonstrations before the `steps`
+/// of reinforcement learning, in the same run (the same learner, LoRA
+/// adapters and optimiser carry over; RL starts exactly where the warm
+/// start ended). Absent or `steps = 0`: no warm start.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WarmStartSection {
+    /// Imitation steps, before the run's `steps` of reinforcement learning.
+    pub steps: u64,
+    /// Where demonstrations come from: `"oracle"`, the env's own best play
+    /// (the plugin must export the contract's oracle), or a JSON-lines
+    /// file of trajectories (`ragen-host eval --trajectories`,
+    /// `ragen_envs.Rollouts`), whose replies are replayed through this
+    /// run's env and prompts.
+    pub demonstrations: String,
+    /// Demonstrations per step.
+    pub episodes: usize,
+    /// The imitation rate (absent: `ppo.lr`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Imitate only the demonstrations that succeeded.
+    pub successful_only: bool,
+}
+
+impl Default for WarmStartSection {
+    fn default() -> Self {
+        Self { steps: 0, demonstrations: "oracle".into(), episodes: 32, lr: None, successful_only: true }
+    }
+}
+
+impl WarmStartSection {
+    pub fn is_off(&self) -> bool {
+        self.steps == 0
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CriticSection {
@@ -245,6 +281,8 @@ pub struct TrainConfig {
     /// value head on the policy's trunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub critic: Option<CriticSection>,
+    #[serde(skip_serializing_if = "WarmStartSection::is_off")]
+    pub warm_start: WarmStartSection,
 }
 
 impl Default for TrainConfig {
@@ -265,6 +303,7 @@ impl Default for TrainConfig {
             sampling: SamplingSection::default(),
             ppo: PpoSection::default(),
             critic: None,
+            warm_start: WarmStartSection::default(),
         }
     }
 }
@@ -273,6 +312,8 @@ impl Default for TrainConfig {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Resolved {
     pub update: UpdateConfig,
+    /// The warm start's imitation rate.
+    pub warm_lr: f64,
     /// The learning rate per training step (`update.lr` is its peak).
     pub schedule: LrSchedule,
     pub rollout_filter_ratio: f64,
@@ -282,6 +323,12 @@ pub struct Resolved {
 }
 
 impl TrainConfig {
+    /// Every step of the run: the warm start's, then reinforcement
+    /// learning's.
+    pub fn total_steps(&self) -> u64 {
+        self.warm_start.steps + self.steps
+    }
+
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config `{}`", path.display()))?;
         toml::from_str(&text).with_context(|| format!("config `{}` is not valid", path.display()))
@@ -350,7 +397,14 @@ impl TrainConfig {
         };
         schedule.check()?;
         let critic_lr_scale = self.critic_lr_scale(&u)?;
-        Ok(Resolved { update: u, schedule, rollout_filter_ratio, critic_lr_scale })
+        let warm_lr = self.warm_start.lr.unwrap_or(u.lr);
+        if !(warm_lr > 0.0 && warm_lr.is_finite()) {
+            anyhow::bail!("warm_start.lr {warm_lr}: use a positive rate (absent: ppo.lr, {})", u.lr);
+        }
+        if !self.warm_start.is_off() && self.warm_start.episodes == 0 {
+            anyhow::bail!("warm_start.episodes 0: use at least 1 demonstration per step");
+        }
+        Ok(Resolved { warm_lr, update: u, schedule, rollout_filter_ratio, critic_lr_scale })
     }
 
     /// The `[critic]` network's rate relative to the policy's, after

@@ -4,13 +4,14 @@
 //! * [`RolloutFilter`]: StarPO-S's variance filter;
 //! * [`loss`]: the decoupled-clip PPO surrogate, the clipped value loss, the
 //!   k3 KL to the frozen reference, masked entropy;
-//! * [`Learner::update`]: one update, top to bottom;
+//! * [`Learner::update`]: one update, top to bottom; [`Learner::imitate`]:
+//!   the supervised update of a warm start on demonstrations;
 //! * [`LrSchedule`]: warm-up and decay of the learning rate;
 //! * [`config`]: the presets (`starpo-s`, `starpo`, `grpo`) and overrides;
 //! * [`trainee`]: what trains, the from-scratch transformer ([`Scratch`])
 //!   or a pretrained model with LoRA ([`Chat`]);
-//! * [`train`]: the run loop (rollouts, filter, update, validation, metrics,
-//!   checkpoints, resume);
+//! * [`train`]: the run loop (an optional warm start on demonstrations, then
+//!   rollouts, filter, update, validation, metrics, checkpoints, resume);
 //! * [`checkpoint`]: what a run directory and a checkpoint hold on disk,
 //!   writing a checkpoint whole, finding the latest, loading it back.
 
@@ -24,10 +25,11 @@ pub mod run;
 mod schedule;
 pub mod trainee;
 mod update;
+mod warm_start;
 
 pub use advantages::{Estimator, SequenceInput, gae, grpo};
 pub use checkpoint::{BaseModel, CheckpointInfo, RunDir, find_checkpoint, load_trained};
-pub use config::{Algo, CriticSection, PluginRecord, Positions, SamplingSection, TrainConfig};
+pub use config::{Algo, CriticSection, PluginRecord, Positions, SamplingSection, TrainConfig, WarmStartSection};
 pub use filter::RolloutFilter;
 pub use metrics::{StepMetrics, read_metrics};
 pub use run::{build_learner, train};

@@ -10,6 +10,11 @@ use std::path::Path;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepMetrics {
     pub step: u64,
+    /// A warm-start step: supervised imitation of demonstrations (whose
+    /// success, return and format are this line's rollout figures;
+    /// `policy_loss` is their mean −log p per reply token).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm_start: bool,
     pub success: f64,
     pub return_mean: f64,
     /// Mean in-group reward std before and after the variance filter.

@@ -15,8 +15,9 @@ use crate::metrics::{StepMetrics, read_metrics};
 use crate::schedule::LrSchedule;
 use crate::trainee::{Chat, Scratch, Trainee};
 use crate::update::{Learner, UpdateStats};
+use crate::warm_start::WarmStart;
 use anyhow::{Context, Result, bail};
-use ragen_agent::{Policy, RolloutConfig, RolloutRunner, Trajectory, summarize};
+use ragen_agent::{Policy, RolloutConfig, RolloutMetrics, RolloutRunner, Trajectory, summarize};
 use ragen_ops::TrainBackend;
 use ragen_policy::PluginTokenizer;
 use ragen_runtime::{EnvSpec, Plugin, next_seed};
@@ -98,7 +99,7 @@ fn drive<B: TrainBackend, T: Trainee<B>>(
     let start = if resume { run.resume()? } else { 0 };
     run.start_metrics_file()?;
     let mut skipped_in_a_row = 0;
-    for step in start..config.steps {
+    for step in start..config.total_steps() {
         let m = run.step(step)?;
         skipped_in_a_row = if m.skipped.is_some() { skipped_in_a_row + 1 } else { 0 };
         on_step(&m);
@@ -121,7 +122,7 @@ fn drive<B: TrainBackend, T: Trainee<B>>(
         run.history.push(m);
 
         let stopping = stop.load(Ordering::SeqCst);
-        let last = step + 1 == config.steps;
+        let last = step + 1 == config.total_steps();
         if (step + 1) % config.save_freq.max(1) == 0 || last || stopping || skipped_in_a_row >= 3 || failing.is_some() {
             checkpoint::save(&run.learner, &run.dir.checkpoint(), &run.state(step + 1, None))?;
         }
@@ -152,6 +153,10 @@ struct Run<'c, B: TrainBackend, T: Trainee<B>> {
     dir: RunDir,
     runner: RolloutRunner,
     val_runner: RolloutRunner,
+    /// The warm start's demonstrations, when the config has one.
+    warm: Option<WarmStart>,
+    /// The warm start's imitation rate.
+    warm_lr: f64,
     learner: Learner<B, T::Net>,
     trainee: T,
     /// The pretrained model it builds on, pinned by hash.
@@ -183,6 +188,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let rollout = &config.agent.rollout;
         let runner = RolloutRunner::new(plugin.clone(), &settings, rollout.clone(), config.agent.prompt.clone(), threads)?;
+        let warm = WarmStart::open(plugin.clone(), config, threads)?;
         let val_rollout = RolloutConfig { env_groups: config.val_episodes.max(1), group_size: 1, ..rollout.clone() };
         let val_runner = RolloutRunner::new(plugin, &settings, val_rollout, config.agent.prompt.clone(), threads)?;
         B::seed(&device, config.seed);
@@ -192,6 +198,8 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             dir: RunDir(out.to_path_buf()),
             runner,
             val_runner,
+            warm,
+            warm_lr: resolved.warm_lr,
             learner,
             trainee,
             base,
@@ -231,16 +239,37 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
         Ok(())
     }
 
-    /// One step: rollouts, the variance filter, the update, validation when
-    /// due, and its line of `metrics.jsonl`.
+    /// One step (a warm-start step while the warm start lasts, then
+    /// reinforcement learning), validation when due, the collapse alarm,
+    /// and its line of `metrics.jsonl`.
     fn step(&mut self, step: u64) -> Result<StepMetrics> {
+        let config = self.config;
+        let warm_steps = config.warm_start.steps;
+        let mut m = if step < warm_steps { self.warm_step(step)? } else { self.rl_step(step, step - warm_steps)? };
+        let due = (step + 1).is_multiple_of(config.test_freq.max(1)) || step + 1 == config.total_steps() || step == 0;
+        // The warm start's last step is validated too: the warm start
+        // alone, against which RL's own gain is read.
+        if due || step + 1 == warm_steps {
+            m.val_success = Some(self.validate()?);
+        }
+        if !m.warm_start {
+            m.collapse_alarm = self.alarm.check(m.reward_std_before_filter, m.entropy, m.success);
+        }
+        let file = self.metrics_file.as_mut().expect("the metrics file is open");
+        writeln!(file, "{}", serde_json::to_string(&m)?).context("cannot append to metrics.jsonl")?;
+        file.flush().context("cannot append to metrics.jsonl")?;
+        Ok(m)
+    }
+
+    /// A step of reinforcement learning (the `rl_step`-th): rollouts, the
+    /// variance filter and the StarPO update.
+    fn rl_step(&mut self, step: u64, rl_step: u64) -> Result<StepMetrics> {
         let config = self.config;
         let seed = next_seed(config.seed ^ (step << 32));
         let groups = group_seeds(config.seed, step, config.agent.rollout.env_groups);
         let clock = std::time::Instant::now();
         let ts = self.runner.run(self.policy(config.sampling.temperature, seed).as_mut(), &groups)?;
         let rollout_seconds = clock.elapsed().as_secs_f64();
-        let before = summarize(&ts);
 
         let group_rewards: Vec<Vec<f32>> =
             (0..groups.len()).map(|g| ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()).collect();
@@ -249,27 +278,62 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
         let std_after = kept.iter().map(|&g| std(&group_rewards[g]) as f64).sum::<f64>() / kept.len().max(1) as f64;
         let std_before = group_rewards.iter().map(|r| std(r) as f64).sum::<f64>() / group_rewards.len().max(1) as f64;
 
-        let lr = self.schedule.lr_at(step);
+        let lr = self.schedule.lr_at(rl_step);
         self.learner.set_lr(lr);
         let clock = std::time::Instant::now();
         let (stats, skipped) = match self.learner.update(&batch, self.trainee.tokenizer()) {
             Ok(s) => (s, None),
             Err(e) => (UpdateStats::default(), Some(format!("{e:#}"))),
         };
-        let update_seconds = clock.elapsed().as_secs_f64();
-        let val_success = if (step + 1).is_multiple_of(config.test_freq.max(1)) || step + 1 == config.steps || step == 0 {
-            Some(self.validate()?)
-        } else {
-            None
-        };
-
-        let mut m = StepMetrics {
-            step,
-            success: before.success_rate,
-            return_mean: before.return_mean,
+        let seconds = [rollout_seconds, clock.elapsed().as_secs_f64()];
+        Ok(StepMetrics {
             reward_std_before_filter: std_before,
             reward_std_after_filter: std_after,
             groups_kept: kept.len(),
+            skipped,
+            ..self.step_metrics(step, &ts, &stats, lr, seconds)
+        })
+    }
+
+    /// A warm-start step: this step's demonstrations, re-encoded in the
+    /// model's tokens, and one imitation update on those kept (the
+    /// successful ones, unless `successful_only` is off). `groups_kept`
+    /// counts the demonstrations imitated.
+    fn warm_step(&mut self, step: u64) -> Result<StepMetrics> {
+        let warm = self.warm.as_ref().expect("a run with warm-start steps has a warm start");
+        let clock = std::time::Instant::now();
+        let ts = warm.play(self.config.seed, step)?;
+        let rollout_seconds = clock.elapsed().as_secs_f64();
+        let tokenizer = self.trainee.tokenizer();
+        let demos: Vec<Trajectory> =
+            ts.iter().filter(|t| t.failure.is_none() && (t.success || !warm.successful_only)).map(|t| t.retokenized(tokenizer)).collect();
+        let batch: Vec<&Trajectory> = demos.iter().collect();
+        self.learner.set_lr(self.warm_lr);
+        let clock = std::time::Instant::now();
+        let (stats, skipped) = match batch.is_empty() {
+            true => (UpdateStats::default(), Some("no demonstration of this step succeeded; nothing to imitate".to_string())),
+            false => match self.learner.imitate(&batch, tokenizer) {
+                Ok(s) => (s, None),
+                Err(e) => (UpdateStats::default(), Some(format!("{e:#}"))),
+            },
+        };
+        let seconds = [rollout_seconds, clock.elapsed().as_secs_f64()];
+        Ok(StepMetrics {
+            warm_start: true,
+            groups_kept: demos.len(),
+            skipped,
+            ..self.step_metrics(step, &ts, &stats, self.warm_lr, seconds)
+        })
+    }
+
+    /// The metrics every step reports: its rollouts' figures, the update's
+    /// statistics, the rate, and `[rollout, update]` seconds.
+    fn step_metrics(&self, step: u64, ts: &[Trajectory], stats: &UpdateStats, lr: f64, seconds: [f64; 2]) -> StepMetrics {
+        let before: RolloutMetrics = summarize(ts);
+        StepMetrics {
+            step,
+            success: before.success_rate,
+            return_mean: before.return_mean,
             entropy: stats.entropy,
             grad_norm: stats.grad_norm,
             critic_grad_norm: stats.critic_grad_norm,
@@ -291,18 +355,11 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             update_tokens: stats.row_tokens,
             valid_action_ratio: before.valid_action_ratio,
             effective_action_ratio: before.effective_action_ratio,
-            val_success,
-            rollout_seconds,
-            update_seconds,
-            skipped,
-            collapse_alarm: None,
-            plugin_digest: config.plugin.digest.clone(),
-        };
-        m.collapse_alarm = self.alarm.check(m.reward_std_before_filter, m.entropy, m.success);
-        let file = self.metrics_file.as_mut().expect("the metrics file is open");
-        writeln!(file, "{}", serde_json::to_string(&m)?).context("cannot append to metrics.jsonl")?;
-        file.flush().context("cannot append to metrics.jsonl")?;
-        Ok(m)
+            rollout_seconds: seconds[0],
+            update_seconds: seconds[1],
+            plugin_digest: self.config.plugin.digest.clone(),
+            ..StepMetrics::default()
+        }
     }
 
     /// The policy the learner's current model gives, sampling at

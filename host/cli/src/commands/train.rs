@@ -112,7 +112,11 @@ pub fn run(opts: Options) -> Result<()> {
         Some(m) => format!("`{}` in full", m.display()),
         None => "a transformer from scratch".to_string(),
     };
-    errln!("training {policy} on `{source}` with {:?} for {} steps into {}", config.algo, config.steps, out.display());
+    let warm = match &config.warm_start {
+        w if w.is_off() => String::new(),
+        w => format!("{} warm-start steps on demonstrations ({}), then ", w.steps, w.demonstrations),
+    };
+    errln!("training {policy} on `{source}`: {warm}{:?} for {} steps, into {}", config.algo, config.steps, out.display());
     let mut progress = Progress::new(&config, &out)?;
     let history = crate::backend::with_backend!(opts.backend, B, device => train::<B>(
         plugin, &config, &out, resume, device, &stop, |m| progress.on_step(m)
@@ -265,11 +269,11 @@ struct Progress {
 
 impl Progress {
     fn new(config: &TrainConfig, out: &std::path::Path) -> Result<Self> {
-        let bar = ProgressBar::new(config.steps);
+        let bar = ProgressBar::new(config.total_steps());
         bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} steps {elapsed_precise} | {msg}").expect("a valid template"));
         let metrics = out.join("metrics.jsonl");
         let seen = if metrics.exists() { read_metrics(&metrics)? } else { Vec::new() };
-        Ok(Self { bar, steps: config.steps, dashboard: out.join("dashboard.png"), dashboard_warned: false, seen })
+        Ok(Self { bar, steps: config.total_steps(), dashboard: out.join("dashboard.png"), dashboard_warned: false, seen })
     }
 
     /// A line above the bar. `println` would drop it when stderr is not a
@@ -292,8 +296,9 @@ impl Progress {
         self.bar.set_position(m.step + 1);
         let val = m.val_success.map(|v| format!(" val {:.1}%", 100.0 * v)).unwrap_or_default();
         let failed = if m.failed_episodes > 0 { format!(" failed {}", m.failed_episodes) } else { String::new() };
+        let phase = if m.warm_start { format!("warm start: loss {:.3} ", m.policy_loss) } else { String::new() };
         self.bar.set_message(format!(
-            "success {:.1}% reward {:.2} std {:.2} entropy {:.2}{val}{failed}",
+            "{phase}success {:.1}% reward {:.2} std {:.2} entropy {:.2}{val}{failed}",
             100.0 * m.success,
             m.return_mean,
             m.reward_std_before_filter,

@@ -340,3 +340,76 @@ fn every_example_config_is_a_valid_training_config() {
     }
     assert!(checked >= 9, "only {checked} example configs found in {}", dir.display());
 }
+
+#[test]
+fn a_warm_start_imitates_the_oracle_and_rl_starts_exactly_where_it_ended() {
+    let dir = scratch("train-warm");
+    let config = dir.join("warm.toml");
+    std::fs::write(&config, format!("{SMALL}[warm_start]\nsteps = 3\nepisodes = 8\nlr = 0.01\n")).unwrap();
+    let bandit = plugin("bandit");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let _ = std::fs::remove_dir_all(&a);
+    let _ = std::fs::remove_dir_all(&b);
+    let train = |out: &Path, steps: &str| {
+        let args = ["train", "--env", bandit.to_str().unwrap(), "--config", config.to_str().unwrap(), "--steps", steps, "--out"];
+        let out = ragen_host(&[&args[..], &[out.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "{}", text(&out));
+        text(&out)
+    };
+    // Three warm-start steps, then three of RL.
+    let said = train(&a, "3");
+    assert!(said.contains("3 warm-start steps on demonstrations (oracle)"), "{said}");
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(a.join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 6);
+    for (i, m) in lines.iter().enumerate() {
+        assert_eq!(m["warm_start"].as_bool().unwrap_or(false), i < 3, "step {i}: {m}");
+    }
+    // The oracle's demonstrations all succeed, and imitating them lowers
+    // their surprise; the warm start's last step is validated.
+    assert!(lines[..3].iter().all(|m| m["success"] == 1.0 && m["groups_kept"] == 8), "{lines:?}");
+    let loss = |i: usize| lines[i]["policy_loss"].as_f64().unwrap();
+    assert!(loss(2) < loss(0), "imitation lowers the loss: {} then {}", loss(0), loss(2));
+    assert!(lines[2]["val_success"].is_number(), "{}", lines[2]);
+
+    // The warm start alone, then RL resumed from its checkpoint: exactly
+    // the run that went straight on.
+    train(&b, "0");
+    let out = ragen_host(&["train", "--env", bandit.to_str().unwrap(), "--resume", b.to_str().unwrap(), "--steps", "3"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let straight = without_timings(&std::fs::read_to_string(a.join("metrics.jsonl")).unwrap());
+    assert_eq!(without_timings(&std::fs::read_to_string(b.join("metrics.jsonl")).unwrap()), straight, "RL starts from the warm start");
+    let written = std::fs::read_to_string(a.join("config.toml")).unwrap();
+    assert!(written.contains("[warm_start]") && written.contains("steps = 3"), "{written}");
+}
+
+#[test]
+fn a_warm_start_from_a_file_replays_its_replies_through_this_env() {
+    let dir = scratch("train-warm-file");
+    let bandit = plugin("bandit");
+    let demos = dir.join("demos.jsonl");
+    // The oracle's play, recorded by eval under the run's own prompts.
+    let config = dir.join("run.toml");
+    std::fs::write(&config, SMALL).unwrap();
+    let args = ["eval", "--env", bandit.to_str().unwrap(), "--policy", "oracle", "--episodes", "16", "--config"];
+    let out = ragen_host(&[&args[..], &[config.to_str().unwrap(), "--trajectories", demos.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", text(&out));
+    let warm = dir.join("warm.toml");
+    std::fs::write(&warm, format!("{SMALL}[warm_start]\nsteps = 2\nepisodes = 8\ndemonstrations = \"{}\"\n", demos.display())).unwrap();
+    let run = dir.join("run");
+    let _ = std::fs::remove_dir_all(&run);
+    let args = ["train", "--env", bandit.to_str().unwrap(), "--config", warm.to_str().unwrap(), "--steps", "0", "--out"];
+    let out = ragen_host(&[&args[..], &[run.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", text(&out));
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2);
+    assert!(lines.iter().all(|m| m["warm_start"] == true && m["success"] == 1.0 && m["groups_kept"] == 8), "{lines:?}");
+
+    // A file that is not there is named, with what to use instead.
+    std::fs::write(&warm, format!("{SMALL}[warm_start]\nsteps = 2\ndemonstrations = \"/no/such/demos.jsonl\"\n")).unwrap();
+    let args = ["train", "--env", bandit.to_str().unwrap(), "--config", warm.to_str().unwrap(), "--out"];
+    let out = ragen_host(&[&args[..], &[dir.join("bad").to_str().unwrap()]].concat());
+    assert!(!out.status.success());
+    assert!(text(&out).contains("/no/such/demos.jsonl") && text(&out).contains("\"oracle\""), "{}", text(&out));
+}
