@@ -2,6 +2,7 @@
 //! overridable, named as in RAGEN where one exists.
 
 use crate::advantages::Estimator;
+use crate::filter::{FilterStrategy, RolloutFilter};
 use crate::loss::Clip;
 use crate::schedule::{Decay, LrSchedule};
 use crate::update::UpdateConfig;
@@ -130,7 +131,24 @@ pub struct PpoSection {
     /// Where a decay ends, as a share of `lr` (0 by default).
     pub min_lr_ratio: Option<f64>,
     pub weight_decay: Option<f32>,
+    /// The share of groups `top_k` keeps (StarPO-S: 0.25); RAGEN's older
+    /// name for `rollout_filter_value`.
     pub rollout_filter_ratio: Option<f64>,
+    /// Which groups the rollout filter keeps: `top_k` (the preset's),
+    /// `top_k_abs`, `top_p` (RAGEN-2's, at 0.9) or `min_p`; see the filter
+    /// module for each rule.
+    pub rollout_filter_strategy: Option<String>,
+    /// The strategy's value (absent: `rollout_filter_ratio`, else the
+    /// preset's share).
+    pub rollout_filter_value: Option<f64>,
+    /// `largest` (the default: the most uncertain groups) or `smallest`.
+    pub rollout_filter_type: Option<String>,
+    /// Whether groups whose rewards are all equal may be kept (true).
+    pub rollout_filter_include_zero: Option<bool>,
+    /// `top_p`'s shares: `linear` (default) or `softmax`.
+    pub rollout_filter_top_p_prob_mode: Option<String>,
+    /// Slack on `top_p`'s linear target (0.01).
+    pub rollout_filter_selection_eps: Option<f64>,
     /// Weight of the auxiliary next-observation loss (0: off, as in the
     /// reference).
     pub world_model_coef: Option<f64>,
@@ -184,6 +202,38 @@ impl Default for WarmStartSection {
 impl WarmStartSection {
     pub fn is_off(&self) -> bool {
         self.steps == 0
+    }
+}
+
+impl PpoSection {
+    /// The rollout filter these keys describe over the preset's share of
+    /// groups (`preset`, kept by `top_k`).
+    fn rollout_filter(&self, preset: f64) -> Result<RolloutFilter> {
+        let strategy = FilterStrategy::parse(
+            self.rollout_filter_strategy.as_deref().unwrap_or("top_k"),
+            self.rollout_filter_top_p_prob_mode.as_deref().unwrap_or("linear"),
+        )?;
+        let value = self.rollout_filter_value.or(self.rollout_filter_ratio).unwrap_or(preset);
+        let (low, high, what) = match strategy {
+            FilterStrategy::TopK => (0.0, 1.0, "a share of the groups in (0, 1]"),
+            FilterStrategy::TopKAbs => (0.0, f64::INFINITY, "a count of groups, at least 1"),
+            FilterStrategy::TopP { .. } => (0.0, f64::INFINITY, "a share of the groups' total score in (0, 1] (1 keeps everything)"),
+            FilterStrategy::MinP => (0.0, 1.0, "a fraction of the best group's score in (0, 1]"),
+        };
+        if !(value > low && value <= high) {
+            anyhow::bail!("ppo.rollout_filter_value {value} for {strategy:?}: use {what}");
+        }
+        let largest = match self.rollout_filter_type.as_deref().unwrap_or("largest") {
+            "largest" => true,
+            "smallest" => false,
+            other => anyhow::bail!("ppo.rollout_filter_type `{other}`: use \"largest\" or \"smallest\""),
+        };
+        let eps = self.rollout_filter_selection_eps.unwrap_or(0.01);
+        if !(eps >= 0.0 && eps.is_finite()) {
+            anyhow::bail!("ppo.rollout_filter_selection_eps {eps}: use a small non-negative slack such as 0.01");
+        }
+        let include_zero = self.rollout_filter_include_zero.unwrap_or(true);
+        Ok(RolloutFilter { strategy, value, largest, include_zero, eps })
     }
 }
 
@@ -316,7 +366,7 @@ pub struct Resolved {
     pub warm_lr: f64,
     /// The learning rate per training step (`update.lr` is its peak).
     pub schedule: LrSchedule,
-    pub rollout_filter_ratio: f64,
+    pub filter: RolloutFilter,
     /// With a `[critic]` network: its learning rate as a multiple of the
     /// policy's, at every step of the schedule.
     pub critic_lr_scale: Option<f64>,
@@ -380,10 +430,7 @@ impl TrainConfig {
             anyhow::bail!("max_failed_share {}: use a share in [0, 1] (0.5 by default; 1 never stops)", self.max_failed_share);
         }
         let kl_coef = p.kl_coef.unwrap_or(kl);
-        let rollout_filter_ratio = p.rollout_filter_ratio.unwrap_or(filter);
-        if !(rollout_filter_ratio > 0.0 && rollout_filter_ratio <= 1.0) {
-            anyhow::bail!("ppo.rollout_filter_ratio {rollout_filter_ratio}: use a share in (0, 1]");
-        }
+        let filter = p.rollout_filter(filter)?;
         if !(kl_coef >= 0.0 && kl_coef.is_finite()) {
             anyhow::bail!("ppo.kl_coef {kl_coef}: use 0 (StarPO-S: no reference model) or a small positive weight such as 0.001");
         }
@@ -404,7 +451,7 @@ impl TrainConfig {
         if !self.warm_start.is_off() && self.warm_start.episodes == 0 {
             anyhow::bail!("warm_start.episodes 0: use at least 1 demonstration per step");
         }
-        Ok(Resolved { warm_lr, update: u, schedule, rollout_filter_ratio, critic_lr_scale })
+        Ok(Resolved { warm_lr, update: u, schedule, filter, critic_lr_scale })
     }
 
     /// The `[critic]` network's rate relative to the policy's, after
@@ -432,11 +479,11 @@ mod tests {
     #[test]
     fn presets_and_overrides() {
         let s = TrainConfig::default().resolve().unwrap();
-        assert_eq!((s.update.clip.low, s.update.clip.high, s.rollout_filter_ratio), (0.2, 0.28, 0.25));
+        assert_eq!((s.update.clip.low, s.update.clip.high, s.filter.value), (0.2, 0.28, 0.25));
         let g: TrainConfig = toml::from_str("algo = \"grpo\"\n[ppo]\nclip_ratio_high = 0.3\n").unwrap();
         let g = g.resolve().unwrap();
         assert_eq!(g.update.estimator, Estimator::Grpo);
-        assert_eq!((g.update.clip.high, g.rollout_filter_ratio), (0.3, 1.0));
+        assert_eq!((g.update.clip.high, g.filter.value), (0.3, 1.0));
         let more: TrainConfig =
             toml::from_str("[ppo]\nppo_epochs = 3\nppo_mini_batch_size = 8\nworld_model_coef = 0.5\n[model]\npositions = \"rotary\"\n")
                 .unwrap();
@@ -463,7 +510,7 @@ mod tests {
     fn vanilla_starpo_keeps_a_kl_term_and_a_bad_weight_is_named() {
         let v: TrainConfig = toml::from_str("algo = \"starpo\"\n").unwrap();
         let v = v.resolve().unwrap();
-        assert_eq!((v.update.kl_coef, v.update.clip.high, v.rollout_filter_ratio), (0.001, 0.2, 1.0));
+        assert_eq!((v.update.kl_coef, v.update.clip.high, v.filter.value), (0.001, 0.2, 1.0));
         assert_eq!(TrainConfig::default().resolve().unwrap().update.kl_coef, 0.0);
         let bad: TrainConfig = toml::from_str("[ppo]\nkl_coef = -1.0\n").unwrap();
         assert!(bad.resolve().unwrap_err().to_string().contains("kl_coef"));
@@ -506,5 +553,22 @@ mod tests {
     fn the_written_config_reads_back() {
         let c: TrainConfig = toml::from_str("steps = 7\n[rollout]\ngroup_size = 4\n[env]\ndim_x = 8\n").unwrap();
         assert_eq!(toml::from_str::<TrainConfig>(&c.to_toml()).unwrap(), c);
+    }
+
+    #[test]
+    fn ragen_2s_filter_keys_pick_a_strategy() {
+        let keys = "[ppo]\nrollout_filter_strategy = \"top_p\"\nrollout_filter_value = 0.9\n\
+                    rollout_filter_top_p_prob_mode = \"softmax\"\nrollout_filter_include_zero = false\n";
+        let f = toml::from_str::<TrainConfig>(keys).unwrap().resolve().unwrap().filter;
+        assert_eq!(
+            f,
+            RolloutFilter { strategy: FilterStrategy::TopP { softmax: true }, value: 0.9, largest: true, include_zero: false, eps: 0.01 }
+        );
+        let ratio = toml::from_str::<TrainConfig>("[ppo]\nrollout_filter_ratio = 0.5\n").unwrap().resolve().unwrap().filter;
+        assert_eq!(ratio, RolloutFilter::top_share(0.5), "the paper's key still sets top_k's share");
+        let refused = |text: &str| toml::from_str::<TrainConfig>(text).unwrap().resolve().unwrap_err().to_string();
+        assert!(refused("[ppo]\nrollout_filter_strategy = \"top-p\"\n").contains("use \"top_k\""));
+        assert!(refused("[ppo]\nrollout_filter_ratio = 1.5\n").contains("a share of the groups in (0, 1]"));
+        assert!(refused("[ppo]\nrollout_filter_type = \"big\"\n").contains("\"largest\" or \"smallest\""));
     }
 }

@@ -1,7 +1,8 @@
 //! ragen-learner: StarPO and StarPO-S, one place per equation.
 //!
 //! * [`gae`] and [`grpo`]: the advantage estimators;
-//! * [`RolloutFilter`]: StarPO-S's variance filter;
+//! * [`RolloutFilter`]: StarPO-S's variance filter and RAGEN-2's adaptive
+//!   selection modes;
 //! * [`loss`]: the decoupled-clip PPO surrogate, the clipped value loss, the
 //!   k3 KL to the frozen reference, masked entropy;
 //! * [`Learner::update`]: one update, top to bottom; [`Learner::imitate`]:
@@ -30,7 +31,7 @@ mod warm_start;
 pub use advantages::{Estimator, SequenceInput, gae, grpo};
 pub use checkpoint::{BaseModel, CheckpointInfo, RunDir, find_checkpoint, load_trained};
 pub use config::{Algo, CriticSection, PluginRecord, Positions, SamplingSection, TrainConfig, WarmStartSection};
-pub use filter::RolloutFilter;
+pub use filter::{FilterStrategy, RolloutFilter};
 pub use metrics::{StepMetrics, read_metrics};
 pub use run::{build_learner, train};
 pub use schedule::{Decay, LrSchedule};

@@ -203,7 +203,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             learner,
             trainee,
             base,
-            filter: RolloutFilter { ratio: resolved.rollout_filter_ratio },
+            filter: resolved.filter,
             schedule: resolved.schedule,
             best: None,
             alarm: CollapseAlarm::default(),

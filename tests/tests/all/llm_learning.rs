@@ -121,7 +121,7 @@ fn a_tiny_llama_with_lora_learns_bandit() {
         // StarPO-S's variance filter, as a run applies it.
         let rewards: Vec<Vec<f32>> =
             (0..seeds.len()).map(|g| ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()).collect();
-        let kept = RolloutFilter { ratio: 0.25 }.keep(&rewards);
+        let kept = RolloutFilter::top_share(0.25).keep(&rewards);
         let batch: Vec<&Trajectory> = ts.iter().filter(|t| kept.contains(&t.group)).collect();
         let stats = learner.update(&batch, Trainee::<B>::tokenizer(&trainee)).unwrap();
         assert!(stats.grad_norm.is_finite() && stats.entropy.is_finite(), "{stats:?}");
