@@ -28,6 +28,83 @@ pub struct RolloutMetrics {
     pub think_chars_mean: f64,
     /// Trajectories cut short by an env failure.
     pub failures: usize,
+    /// RAGEN-2's template-collapse view, read from the first reply's
+    /// answer (the text inside `<answer>`; a malformed reply counts as one
+    /// more answer) against the first state (the input): the entropy of
+    /// the answers, of the inputs, and their mutual information (plug-in
+    /// estimates over the batch, in nats). Answers that stop depending on
+    /// the input have a mutual information near 0; see
+    /// [`RolloutMetrics::template_collapse`].
+    pub answer_entropy: f64,
+    pub input_entropy: f64,
+    pub answer_mi: f64,
+}
+
+impl RolloutMetrics {
+    /// Below this share of the inputs' entropy, the answers carry almost
+    /// nothing about the input.
+    pub const COLLAPSE_MI_SHARE: f64 = 0.1;
+    /// Below this entropy (nats), nearly every reply gives the same answer.
+    pub const COLLAPSE_ANSWER_ENTROPY: f64 = 0.5;
+    /// At or above this success the shared answer is the solution (a solved
+    /// Bandit answers every input with the better arm), not a collapse.
+    pub const SOLVED: f64 = 0.9;
+
+    /// Why the batch looks like a template collapse, or `None`: different
+    /// inputs get the same answer (little mutual information, little
+    /// answer entropy) while the task is not solved. A policy still
+    /// exploring gives many answers, so it is not flagged; a solved one
+    /// succeeds, so it is not either.
+    pub fn template_collapse(&self) -> Option<String> {
+        if self.input_entropy <= 0.0 {
+            return None; // one input: nothing to depend on
+        }
+        let share = self.answer_mi / self.input_entropy;
+        (share < Self::COLLAPSE_MI_SHARE && self.answer_entropy < Self::COLLAPSE_ANSWER_ENTROPY && self.success_rate < Self::SOLVED).then(
+            || {
+                format!(
+                    "template collapse: the answers carry {:.0}% of the inputs' information (entropy {:.2} nats) while success is {:.0}%: \
+                 replies no longer depend on the state",
+                    100.0 * share,
+                    self.answer_entropy,
+                    100.0 * self.success_rate
+                )
+            },
+        )
+    }
+}
+
+/// Entropy in nats of the empirical distribution given by `counts`.
+fn entropy<'a>(counts: impl Iterator<Item = &'a usize>, total: usize) -> f64 {
+    counts.filter(|&&c| c > 0).map(|&c| c as f64 / total as f64).map(|p| -p * p.ln()).sum()
+}
+
+/// `(H(answer), H(input), I(input; answer))` of the first replies, as the
+/// plug-in estimates over `ts` (the trajectories that replied at all).
+fn answer_information(ts: &[Trajectory]) -> (f64, f64, f64) {
+    // Ordered maps: the sums run in one order, so the same batch gives the
+    // same bits in every process (a hash map's order varies by process).
+    use std::collections::BTreeMap;
+    let pairs: Vec<(&str, &str)> = ts
+        .iter()
+        .filter_map(|t| {
+            let input = t.segments.iter().find(|s| s.role == crate::prompt::Role::User)?;
+            let answer = t.turns.first()?.parsed.answer.as_deref().map_or("\u{0}malformed", str::trim);
+            Some((input.text.as_str(), answer))
+        })
+        .collect();
+    let n = pairs.len();
+    if n == 0 {
+        return (0.0, 0.0, 0.0);
+    }
+    let (mut joint, mut inputs, mut answers) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    for &(x, z) in &pairs {
+        *joint.entry((x, z)).or_insert(0usize) += 1;
+        *inputs.entry(x).or_insert(0usize) += 1;
+        *answers.entry(z).or_insert(0usize) += 1;
+    }
+    let (h_x, h_z, h_xz) = (entropy(inputs.values(), n), entropy(answers.values(), n), entropy(joint.values(), n));
+    (h_z, h_x, (h_x + h_z - h_xz).max(0.0))
 }
 
 fn mean(xs: impl Iterator<Item = f64>) -> f64 {
@@ -42,6 +119,7 @@ pub fn std(xs: &[f64]) -> f64 {
 }
 
 pub fn summarize(ts: &[Trajectory]) -> RolloutMetrics {
+    let (answer_entropy, input_entropy, answer_mi) = answer_information(ts);
     let returns: Vec<f64> = ts.iter().map(|t| t.reward).collect();
     let groups = ts.iter().map(|t| t.group).max().map_or(0, |g| g + 1);
     let group_std = (0..groups).map(|g| {
@@ -65,5 +143,8 @@ pub fn summarize(ts: &[Trajectory]) -> RolloutMetrics {
             ts.iter().flat_map(|t| t.turns.iter().filter_map(|turn| turn.parsed.think.as_ref().map(|k| k.chars().count() as f64))),
         ),
         failures: ts.iter().filter(|t| t.failure.is_some()).count(),
+        answer_entropy,
+        input_entropy,
+        answer_mi,
     }
 }

@@ -65,7 +65,15 @@ pub fn write(path: &Path, history: &[StepMetrics]) -> Result<()> {
                 ("after filter", RED, xy(&|m| Some(m.reward_std_after_filter))),
             ],
         ),
-        ("entropy", vec![("entropy", BLUE, xy(&|m| Some(m.entropy as f64)))]),
+        (
+            "entropy / answers' information (nats)",
+            vec![
+                ("token entropy", BLUE, xy(&|m| Some(m.entropy as f64))),
+                ("answer entropy", RED, xy(&|m| Some(m.answer_entropy))),
+                // RAGEN-2's template collapse: answers stop depending on the state.
+                ("answer-state MI", BLACK, xy(&|m| Some(m.answer_mi))),
+            ],
+        ),
         (
             "gradient norm",
             vec![

@@ -87,6 +87,18 @@ pub struct StepMetrics {
     /// Set when the Echo-Trap alarm fired at this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collapse_alarm: Option<String>,
+    /// RAGEN-2's template-collapse view of this step's rollouts: the
+    /// entropy of the first replies' answers and their mutual information
+    /// with the first state, in nats (`RolloutMetrics::answer_mi`).
+    #[serde(default)]
+    pub answer_entropy: f64,
+    #[serde(default)]
+    pub answer_mi: f64,
+    /// Set when those rollouts look like a template collapse: different
+    /// states get the same answer and the task is not solved
+    /// (`RolloutMetrics::template_collapse`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_collapse: Option<String>,
     /// The manifest digest of the env plugin, when it came from an OCI
     /// registry (the run's `[plugin] digest`): every line names the exact
     /// plugin it was measured on.

@@ -322,6 +322,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             warm_start: true,
             groups_kept: demos.len(),
             skipped,
+            template_collapse: None,
             ..self.step_metrics(step, &ts, &stats, self.warm_lr, seconds)
         })
     }
@@ -358,6 +359,9 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             rollout_seconds: seconds[0],
             update_seconds: seconds[1],
             plugin_digest: self.config.plugin.digest.clone(),
+            answer_entropy: before.answer_entropy,
+            answer_mi: before.answer_mi,
+            template_collapse: before.template_collapse(),
             ..StepMetrics::default()
         }
     }

@@ -177,3 +177,30 @@ fn countdown_answers_reach_the_env_as_text() {
     let t = r.run(&mut Says("x".into()), &[seed]).unwrap().remove(0);
     assert!(t.segments[1].text.contains("Your answer is one arithmetic expression") && t.segments[1].text.contains(&puzzle.render()));
 }
+
+/// RAGEN-2's template collapse, read from recorded trajectories: a policy
+/// that answers every lake with the format example (FrozenLake's collapse)
+/// is flagged; one that explores is not; a solved Bandit, which answers
+/// every input with the better arm, is not either.
+#[test]
+fn the_collapse_signal_separates_a_collapsed_policy_from_a_solved_one() {
+    let recorded = |name: &str, policy: &mut dyn Policy| {
+        let ts = runner(name, 64, 1).run(policy, &(0..64).collect::<Vec<u64>>()).unwrap();
+        let mut file = Vec::new();
+        write_jsonl(&mut file, &ts).unwrap();
+        summarize(&read_jsonl(&mut file.as_slice()).unwrap())
+    };
+    let collapsed = recorded("frozenlake", &mut Says("Up || Left</think><answer>Up || Left</answer>".into()));
+    assert!(collapsed.input_entropy > 3.0, "64 lakes, nearly all different: {collapsed:?}");
+    assert_eq!((collapsed.answer_entropy, collapsed.answer_mi), (0.0, 0.0), "one answer for every lake");
+    let why = collapsed.template_collapse().expect("flagged");
+    assert!(why.contains("template collapse") && why.contains("no longer depend on the state"), "{why}");
+
+    let exploring = recorded("frozenlake", &mut RandomPolicy::new(3));
+    assert!(exploring.answer_entropy > 2.0 && exploring.template_collapse().is_none(), "{exploring:?}");
+
+    let solved = recorded("bandit", &mut ragen_agent::policies::OraclePolicy);
+    assert_eq!(solved.success_rate, 1.0);
+    assert!(solved.answer_mi < 0.05, "the best arm does not depend on the order shown: {solved:?}");
+    assert!(solved.template_collapse().is_none(), "a solved task is not a collapse: {solved:?}");
+}

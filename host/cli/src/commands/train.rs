@@ -307,6 +307,13 @@ impl Progress {
         if let Some(alarm) = &m.collapse_alarm {
             self.warn(format!("warning at step {}: {alarm}", m.step));
         }
+        // Said when it starts, not on every step it lasts.
+        let before = self.seen.iter().rev().nth(1);
+        if let Some(why) = &m.template_collapse
+            && before.is_none_or(|b| b.template_collapse.is_none())
+        {
+            self.warn(format!("warning at step {}: {why}", m.step));
+        }
         if let Some(first) = &m.first_failure {
             self.warn(format!(
                 "warning at step {}: {} of {} episodes failed; the first: {}",
