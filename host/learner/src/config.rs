@@ -191,11 +191,18 @@ pub struct WarmStartSection {
     pub lr: Option<f64>,
     /// Imitate only the demonstrations that succeeded.
     pub successful_only: bool,
+    /// Passes over each step's demonstrations.
+    pub epochs: usize,
+    /// Sequences per AdamW step (a reply each with `max_context_window`,
+    /// else a trajectory); 0 takes the whole step in one. Supervised
+    /// learning gains from many small steps, where RL's one step per batch
+    /// keeps its ratios honest.
+    pub mini_batch_size: usize,
 }
 
 impl Default for WarmStartSection {
     fn default() -> Self {
-        Self { steps: 0, demonstrations: "oracle".into(), episodes: 32, lr: None, successful_only: true }
+        Self { steps: 0, demonstrations: "oracle".into(), episodes: 32, lr: None, successful_only: true, epochs: 1, mini_batch_size: 8 }
     }
 }
 
@@ -450,6 +457,9 @@ impl TrainConfig {
         }
         if !self.warm_start.is_off() && self.warm_start.episodes == 0 {
             anyhow::bail!("warm_start.episodes 0: use at least 1 demonstration per step");
+        }
+        if self.warm_start.epochs == 0 {
+            anyhow::bail!("warm_start.epochs 0: use at least 1 pass over each step's demonstrations");
         }
         Ok(Resolved { warm_lr, update: u, schedule, filter, critic_lr_scale })
     }

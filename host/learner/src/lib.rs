@@ -36,4 +36,4 @@ pub use metrics::{StepMetrics, read_metrics};
 pub use run::{build_learner, train};
 pub use schedule::{Decay, LrSchedule};
 pub use trainee::{Chat, Scratch, Trainee};
-pub use update::{Learner, UpdateConfig, UpdateStats};
+pub use update::{Learner, Passes, UpdateConfig, UpdateStats};

@@ -14,7 +14,7 @@ use crate::filter::{RolloutFilter, std};
 use crate::metrics::{StepMetrics, read_metrics};
 use crate::schedule::LrSchedule;
 use crate::trainee::{Chat, Scratch, Trainee};
-use crate::update::{Learner, UpdateStats};
+use crate::update::{Learner, Passes, UpdateStats};
 use crate::warm_start::WarmStart;
 use anyhow::{Context, Result, bail};
 use ragen_agent::{Policy, RolloutConfig, RolloutMetrics, RolloutRunner, Trajectory, summarize};
@@ -301,18 +301,20 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     /// counts the demonstrations imitated.
     fn warm_step(&mut self, step: u64) -> Result<StepMetrics> {
         let warm = self.warm.as_ref().expect("a run with warm-start steps has a warm start");
+        let passes = Passes { epochs: self.config.warm_start.epochs, mini_batch_size: self.config.warm_start.mini_batch_size };
         let clock = std::time::Instant::now();
         let ts = warm.play(self.config.seed, step)?;
         let rollout_seconds = clock.elapsed().as_secs_f64();
+        // In the model's tokens, so the line's reply lengths are too.
         let tokenizer = self.trainee.tokenizer();
-        let demos: Vec<Trajectory> =
-            ts.iter().filter(|t| t.failure.is_none() && (t.success || !warm.successful_only)).map(|t| t.retokenized(tokenizer)).collect();
-        let batch: Vec<&Trajectory> = demos.iter().collect();
+        let ts: Vec<Trajectory> = ts.iter().map(|t| t.retokenized(tokenizer)).collect();
+        let batch: Vec<&Trajectory> = ts.iter().filter(|t| t.failure.is_none() && (t.success || !warm.successful_only)).collect();
         self.learner.set_lr(self.warm_lr);
         let clock = std::time::Instant::now();
+        let kept = batch.len();
         let (stats, skipped) = match batch.is_empty() {
             true => (UpdateStats::default(), Some("no demonstration of this step succeeded; nothing to imitate".to_string())),
-            false => match self.learner.imitate(&batch, tokenizer) {
+            false => match self.learner.imitate(&batch, tokenizer, passes) {
                 Ok(s) => (s, None),
                 Err(e) => (UpdateStats::default(), Some(format!("{e:#}"))),
             },
@@ -320,7 +322,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
         let seconds = [rollout_seconds, clock.elapsed().as_secs_f64()];
         Ok(StepMetrics {
             warm_start: true,
-            groups_kept: demos.len(),
+            groups_kept: kept,
             skipped,
             template_collapse: None,
             ..self.step_metrics(step, &ts, &stats, self.warm_lr, seconds)

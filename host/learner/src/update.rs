@@ -155,6 +155,15 @@ impl UpdateStats {
     }
 }
 
+/// How a supervised update walks its batch: `epochs` passes, each in
+/// mini-batches of `mini_batch_size` sequences (0: the whole batch), one
+/// AdamW step each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Passes {
+    pub epochs: usize,
+    pub mini_batch_size: usize,
+}
+
 /// What an update's steps descend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Objective {
@@ -303,16 +312,21 @@ where
     }
 
     /// One supervised update on demonstrations (trajectories whose replies
-    /// are in this model's tokens: see [`Trajectory::retokenized`]): the
-    /// same epochs and mini-batches as [`Learner::update`], each step on
-    /// the token mean of −log p of the replies' tokens alone. The prompts
-    /// and the env's messages are read, never trained on. `policy_loss`
-    /// reports that mean (nats per agent token), averaged over the steps.
-    pub fn imitate(&mut self, batch: &[&Trajectory], tokenizer: &dyn Tokenizer) -> Result<UpdateStats> {
+    /// are in this model's tokens: see [`Trajectory::retokenized`]):
+    /// `passes.epochs` passes over them in mini-batches of
+    /// `passes.mini_batch_size` sequences, each an AdamW step on the token
+    /// mean of −log p of the replies' tokens alone. The prompts and the
+    /// env's messages are read, never trained on. `policy_loss` reports
+    /// that mean (nats per agent token), averaged over the steps.
+    pub fn imitate(&mut self, batch: &[&Trajectory], tokenizer: &dyn Tokenizer, passes: Passes) -> Result<UpdateStats> {
         let vocab = self.grammar.as_ref().map_or(0, AnswerGrammar::vocab_size);
         let (rows, truncated) = self.lay_out(batch, tokenizer)?;
         let targets = Targets { advantages: vec![], returns: vec![], old_values: vec![], ref_logps: vec![] };
-        let stats = self.optimize(&rows, &targets, vocab, Objective::Imitation)?;
+        let rl = (self.config.epochs, self.config.mini_batch_size);
+        (self.config.epochs, self.config.mini_batch_size) = (passes.epochs, passes.mini_batch_size);
+        let stats = self.optimize(&rows, &targets, vocab, Objective::Imitation);
+        (self.config.epochs, self.config.mini_batch_size) = rl;
+        let stats = stats?;
         let row_tokens = rows.iter().map(|r| r.tokens.len()).sum();
         Ok(UpdateStats { agent_tokens: rows.iter().map(|r| r.agent.len()).sum(), row_tokens, truncated, ..stats })
     }

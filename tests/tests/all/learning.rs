@@ -340,7 +340,7 @@ fn the_imitation_loss_is_the_mean_surprise_of_the_agent_tokens_alone() {
         .map(|(l, _)| -l)
         .collect();
     let expected = sampled.iter().sum::<f32>() / sampled.len() as f32;
-    let stats = learner.imitate(&batch, &tok).unwrap();
+    let stats = learner.imitate(&batch, &tok, ragen_learner::Passes { epochs: 1, mini_batch_size: 0 }).unwrap();
     assert_eq!(stats.agent_tokens, sampled.len());
     assert_eq!(stats.optimizer_steps, 1);
     assert!((stats.policy_loss - expected).abs() < 1e-3 * expected.max(1.0), "{} against {expected}", stats.policy_loss);
@@ -381,7 +381,7 @@ fn a_tiny_transformer_imitates_the_oracle_and_then_plays_like_it() {
     let batch: Vec<&Trajectory> = demos.iter().collect();
     let mut losses = vec![];
     for _ in 0..60 {
-        losses.push(learner.imitate(&batch, &tok).unwrap().policy_loss);
+        losses.push(learner.imitate(&batch, &tok, ragen_learner::Passes { epochs: 1, mini_batch_size: 0 }).unwrap().policy_loss);
     }
     assert!(losses[59] < 0.1 * losses[0], "the loss falls: {losses:?}");
     let sampling = SamplingConfig { temperature: 0.1, think_budget: 0 };
