@@ -306,7 +306,8 @@ where
             .collect();
         let (advantages, returns) = self.config.estimator.estimate(&sequences, self.config.gamma, self.config.lambda);
         let targets = Targets { advantages, returns, old_values, ref_logps };
-        let stats = self.optimize(&rows, &targets, vocab, Objective::StarPo)?;
+        let passes = Passes { epochs: self.config.epochs, mini_batch_size: self.config.mini_batch_size };
+        let stats = self.optimize(&rows, &targets, (vocab, passes), Objective::StarPo)?;
         let row_tokens = rows.iter().map(|r| r.tokens.len()).sum();
         Ok(UpdateStats { agent_tokens: rows.iter().map(|r| r.agent.len()).sum(), row_tokens, truncated, ..stats })
     }
@@ -322,11 +323,7 @@ where
         let vocab = self.grammar.as_ref().map_or(0, AnswerGrammar::vocab_size);
         let (rows, truncated) = self.lay_out(batch, tokenizer)?;
         let targets = Targets { advantages: vec![], returns: vec![], old_values: vec![], ref_logps: vec![] };
-        let rl = (self.config.epochs, self.config.mini_batch_size);
-        (self.config.epochs, self.config.mini_batch_size) = (passes.epochs, passes.mini_batch_size);
-        let stats = self.optimize(&rows, &targets, vocab, Objective::Imitation);
-        (self.config.epochs, self.config.mini_batch_size) = rl;
-        let stats = stats?;
+        let stats = self.optimize(&rows, &targets, (vocab, passes), Objective::Imitation)?;
         let row_tokens = rows.iter().map(|r| r.tokens.len()).sum();
         Ok(UpdateStats { agent_tokens: rows.iter().map(|r| r.agent.len()).sum(), row_tokens, truncated, ..stats })
     }
@@ -399,14 +396,13 @@ where
     ///    estimator's). The order is shuffled per epoch from the batch's own
     ///    seeds, so a resumed run replays it exactly. Returns the steps'
     ///    mean statistics.
-    fn optimize(&mut self, rows: &[Row], targets: &Targets, vocab: usize, objective: Objective) -> Result<UpdateStats> {
-        let cfg = self.config;
-        let size = if cfg.mini_batch_size == 0 { rows.len() } else { cfg.mini_batch_size.min(rows.len()) };
+    fn optimize(&mut self, rows: &[Row], targets: &Targets, (vocab, passes): (usize, Passes), objective: Objective) -> Result<UpdateStats> {
+        let size = if passes.mini_batch_size == 0 { rows.len() } else { passes.mini_batch_size.min(rows.len()) };
         let order_seed = rows.iter().fold(0u64, |h, r| ragen_runtime::next_seed(h ^ r.trajectory.seed ^ r.trajectory.env as u64));
         let (mut sums, mut critic_sums) = (UpdateStats::default(), UpdateStats::default());
-        for epoch in 0..cfg.epochs.max(1) {
+        for epoch in 0..passes.epochs.max(1) {
             let mut order: Vec<usize> = (0..rows.len()).collect();
-            if cfg.epochs > 1 || size < rows.len() {
+            if passes.epochs > 1 || size < rows.len() {
                 let mut rng = SeedRng::stream(order_seed, epoch as u64);
                 for i in (1..order.len()).rev() {
                     order.swap(i, rng.below(i + 1));

@@ -58,13 +58,7 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
 
 #[test]
 fn the_kl_term_starts_at_zero_and_grows_as_the_policy_moves() {
-    let templates = PromptTemplates {
-        system: String::new(),
-        intro: "{actions}\n".into(),
-        legend: String::new(),
-        turn: "{state}\n".into(),
-        ..PromptTemplates::default()
-    };
+    let templates = short_templates();
     let config = RolloutConfig { env_groups: 4, group_size: 8, enable_think: false, ..RolloutConfig::default() };
     let runner = RolloutRunner::new(crate::common::shipped("bandit"), &[], config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
@@ -86,16 +80,21 @@ fn the_kl_term_starts_at_zero_and_grows_as_the_policy_moves() {
     assert!(kls[3] > 1e-5, "the policy moved, so the KL must be positive: {kls:?}");
 }
 
-/// FrozenLake rollouts (several turns each) from a fresh tiny model, with
-/// the short prompt the tests use.
-fn frozenlake_batch(update: UpdateConfig) -> (Vec<Trajectory>, PluginTokenizer, Learner<B>) {
-    let templates = PromptTemplates {
+/// The short prompt the tests use: action names, then each state.
+fn short_templates() -> PromptTemplates {
+    PromptTemplates {
         system: String::new(),
         intro: "{actions}\n".into(),
         legend: String::new(),
         turn: "{state}\n".into(),
         ..PromptTemplates::default()
-    };
+    }
+}
+
+/// FrozenLake rollouts (several turns each) from a fresh tiny model, with
+/// the short prompt the tests use.
+fn frozenlake_batch(update: UpdateConfig) -> (Vec<Trajectory>, PluginTokenizer, Learner<B>) {
+    let templates = short_templates();
     let config =
         RolloutConfig { env_groups: 4, group_size: 4, enable_think: false, max_actions_per_turn: Some(1), ..RolloutConfig::default() };
     let settings = vec![("is_slippery".to_string(), "false".to_string())];
@@ -351,13 +350,7 @@ fn the_imitation_loss_is_the_mean_surprise_of_the_agent_tokens_alone() {
 fn a_tiny_transformer_imitates_the_oracle_and_then_plays_like_it() {
     // A fixed lake without slips: the oracle's path is the same every
     // episode, so a few dozen steps of imitation must reproduce it.
-    let templates = PromptTemplates {
-        system: String::new(),
-        intro: "{actions}\n".into(),
-        legend: String::new(),
-        turn: "{state}\n".into(),
-        ..PromptTemplates::default()
-    };
+    let templates = short_templates();
     let config = RolloutConfig {
         env_groups: 4,
         group_size: 1,
