@@ -17,7 +17,7 @@ pub mod trajectory;
 pub use config::{AgentConfig, SandboxSection};
 pub use metrics::{RolloutMetrics, summarize};
 pub use parse::{Parsed, ResponseParser};
-pub use policy::{ByteTokenizer, Context, Message, Policy, Response, Tokenizer};
+pub use policy::{ByteTokenizer, Context, Message, Policy, Response, Tokenizer, Usage};
 pub use prompt::{PromptBuilder, PromptTemplates, Role};
 pub use rollout::{LoopLimits, RolloutConfig, RolloutRunner};
 pub use trajectory::{Segment, TokenView, Trajectory, Turn, read_jsonl, visible, write_jsonl};

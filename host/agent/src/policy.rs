@@ -107,4 +107,27 @@ pub trait Policy {
     fn wants_oracle(&self) -> bool {
         false
     }
+
+    /// The tokens a model has read and written so far, for the rollout's
+    /// throughput; zero for a policy that is not a model.
+    fn usage(&self) -> Usage {
+        Usage::default()
+    }
+}
+
+/// What a model policy has read and written: every prompt's tokens as it
+/// saw them (a shared prefix counted once per prompt, as a user reads a
+/// rate), and the tokens of its replies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub reply_tokens: u64,
+}
+
+impl Usage {
+    /// Count one batch of prompts and replies.
+    pub fn add<'a>(&mut self, prompts: impl IntoIterator<Item = &'a [u32]>, replies: impl IntoIterator<Item = &'a [u32]>) {
+        self.prompt_tokens += prompts.into_iter().map(|p| p.len() as u64).sum::<u64>();
+        self.reply_tokens += replies.into_iter().map(|r| r.len() as u64).sum::<u64>();
+    }
 }

@@ -97,9 +97,10 @@ pub struct SamplingSection {
     /// per-turn response length); a reply cut here has no `</answer>` and
     /// pays the format penalty.
     pub max_new_tokens: usize,
-    /// Replies a pretrained model samples together (the prompts of a
-    /// batch share their common prefix's pass; larger batches read the
-    /// weights fewer times per token).
+    /// Replies a pretrained model writes at once (larger batches read the
+    /// weights fewer times per token). When one finishes, a waiting prompt
+    /// takes its slot; the prefix all of a turn's prompts share, and a
+    /// group's identical first prompts, are read once.
     pub batch: usize,
 }
 

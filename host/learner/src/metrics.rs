@@ -69,6 +69,13 @@ pub struct StepMetrics {
     /// Tokens the update read per epoch (prompts and replies, every row).
     #[serde(default)]
     pub update_tokens: usize,
+    /// Tokens of the prompts the rollout's replies read (a prefix shared
+    /// by several prompts counts in each) and of the replies it wrote: over
+    /// `rollout_seconds`, its throughput.
+    #[serde(default)]
+    pub rollout_prompt_tokens: u64,
+    #[serde(default)]
+    pub rollout_reply_tokens: u64,
     pub valid_action_ratio: f64,
     pub effective_action_ratio: f64,
     /// Validation success (`val_episodes` fixed seeds from

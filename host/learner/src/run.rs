@@ -268,7 +268,10 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
         let seed = next_seed(config.seed ^ (step << 32));
         let groups = group_seeds(config.seed, step, config.agent.rollout.env_groups);
         let clock = std::time::Instant::now();
-        let ts = self.runner.run(self.policy(config.sampling.temperature, seed).as_mut(), &groups)?;
+        let (ts, usage) = {
+            let mut policy = self.policy(config.sampling.temperature, seed);
+            (self.runner.run(policy.as_mut(), &groups)?, policy.usage())
+        };
         let rollout_seconds = clock.elapsed().as_secs_f64();
 
         let group_rewards: Vec<Vec<f32>> =
@@ -291,6 +294,8 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             reward_std_after_filter: std_after,
             groups_kept: kept.len(),
             skipped,
+            rollout_prompt_tokens: usage.prompt_tokens,
+            rollout_reply_tokens: usage.reply_tokens,
             ..self.step_metrics(step, &ts, &stats, lr, seconds)
         })
     }

@@ -660,7 +660,8 @@ fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
     world_model: bool,
     device: &B::Device,
 ) -> Scores<B> {
-    let (ids, picks, l) = padded::<B>(chunk, device);
+    let skip = shared_prefix(chunk);
+    let (ids, picks, l) = padded::<B>(chunk, skip, device);
     let n = picks.dims()[0];
     // The grammar's masks, when replies follow one (`vocab` > 0).
     let allowed = (vocab > 0).then(|| {
@@ -676,7 +677,7 @@ fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
         chunk
             .iter()
             .enumerate()
-            .flat_map(|(r, row)| row.observed.iter().map(move |&i| ((r * l + i) as i64 - 1, row.tokens[i] as i64)))
+            .flat_map(|(r, row)| row.observed.iter().map(move |&i| ((r * l + i - skip) as i64 - 1, row.tokens[i] as i64)))
             .collect()
     } else {
         Vec::new()
@@ -688,7 +689,12 @@ fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
         let observed_at = Tensor::<B, 1, Int>::from_data(TensorData::new(observed.iter().map(|o| o.0).collect(), [m]), device);
         Tensor::cat(vec![picks.clone(), observed_at], 0)
     };
-    let (hidden, values) = net.hidden_at_and_values(ids, at); // [n + m, d], [c, l]
+    let (hidden, values) = if skip > 0 {
+        let prefix: Vec<i64> = chunk[0].tokens[..skip].iter().map(|&x| x as i64).collect();
+        net.hidden_at_and_values_after(Tensor::from_data(TensorData::new(prefix, [skip]), device), ids, at)
+    } else {
+        net.hidden_at_and_values(ids, at)
+    }; // [n + m, d], [c, l]
     let head = net.output_layer();
     let v = head.vocab_size();
     let world_model = world_model.then(|| {
@@ -708,14 +714,32 @@ fn score<B: ScoringBackend, N: PolicyNetwork<B>>(
     }
 }
 
-/// `chunk` as one right-padded batch: its token ids `[c, l]`, the flat
-/// positions `[n]` that predict its agent tokens (token `i` of row `r` is
-/// predicted at `r·l + i − 1`), and `l`.
-fn padded<B: Backend>(chunk: &[&Row], device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 1, Int>, usize) {
-    let l = chunk.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-    let ids: Vec<i64> =
-        chunk.iter().flat_map(|r| r.tokens.iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, l - r.tokens.len()))).collect();
-    let picks: Vec<i64> = chunk.iter().enumerate().flat_map(|(r, row)| row.agent.iter().map(move |&i| (r * l + i) as i64 - 1)).collect();
+/// How many first tokens every row of `chunk` shares (the step's
+/// instructions), to run once for all of them: none for a single row, and
+/// never a position that is scored (each row's first agent token, and the
+/// env's tokens after it, are predicted after the shared part).
+fn shared_prefix(chunk: &[&Row]) -> usize {
+    let [first, rest @ ..] = chunk else { return 0 };
+    if rest.is_empty() {
+        return 0;
+    }
+    let scored = chunk.iter().filter_map(|r| r.agent.first()).min().map_or(0, |&i| i.saturating_sub(1));
+    let common = rest.iter().map(|r| r.tokens.iter().zip(&first.tokens).take_while(|(a, b)| a == b).count()).min().unwrap_or(0);
+    common.min(scored)
+}
+
+/// `chunk` after its first `skip` tokens (which every row shares) as one
+/// right-padded batch: its token ids `[c, l]`, the flat positions `[n]`
+/// that predict its agent tokens (token `skip + i` of row `r` is predicted
+/// at `r·l + i − 1`), and `l`.
+fn padded<B: Backend>(chunk: &[&Row], skip: usize, device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 1, Int>, usize) {
+    let l = chunk.iter().map(|r| r.tokens.len() - skip).max().unwrap_or(0);
+    let ids: Vec<i64> = chunk
+        .iter()
+        .flat_map(|r| r.tokens[skip..].iter().map(|&x| x as i64).chain(std::iter::repeat_n(0, l + skip - r.tokens.len())))
+        .collect();
+    let picks: Vec<i64> =
+        chunk.iter().enumerate().flat_map(|(r, row)| row.agent.iter().map(move |&i| (r * l + i - skip) as i64 - 1)).collect();
     let n = picks.len();
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [chunk.len(), l]), device);
     (ids, Tensor::from_data(TensorData::new(picks, [n]), device), l)
@@ -724,7 +748,7 @@ fn padded<B: Backend>(chunk: &[&Row], device: &B::Device) -> (Tensor<B, 2, Int>,
 /// A critic network's values where `chunk`'s agent tokens are predicted,
 /// `[n]`: one pass, with no output layer (only the value head is read).
 fn critic_values<B: ScoringBackend, N: PolicyNetwork<B>>(critic: &N, chunk: &[&Row], device: &B::Device) -> Tensor<B, 1> {
-    let (ids, picks, l) = padded::<B>(chunk, device);
+    let (ids, picks, l) = padded::<B>(chunk, 0, device);
     let (_, values) = critic.hidden_at_and_values(ids, picks.clone()); // [n, d], [c, l]
     values.reshape([chunk.len() * l]).select(0, picks)
 }
@@ -732,9 +756,13 @@ fn critic_values<B: ScoringBackend, N: PolicyNetwork<B>>(critic: &N, chunk: &[&R
 /// `rows` split, in order, into passes no larger than the network holds at
 /// once for their longest row, and into at least `at_once` passes where
 /// there are that many rows (the largest halved until there are), so that
-/// a backend running that many at once has work for each.
+/// a backend running that many at once has work for each. A row's length
+/// leaves out the prefix all of them share, which each pass runs once
+/// ([`shared_prefix`]): the fewer and larger the passes, the less of it is
+/// run again.
 fn passes<'a, 'r>(rows: &'a [&'a Row<'r>], at_once: usize, per_pass: impl Fn(usize) -> usize) -> Vec<&'a [&'a Row<'r>]> {
-    split_passes(rows, at_once, |r| r.tokens.len(), per_pass)
+    let shared = shared_prefix(rows);
+    split_passes(rows, at_once, |r| r.tokens.len() - shared, per_pass)
 }
 
 /// [`passes`] of anything with a length.

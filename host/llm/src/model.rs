@@ -177,6 +177,26 @@ impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
         (x.select(0, at), values) // [n, d], [b, t]
     }
 
+    /// [`Llm::hidden_at`] for rows that all begin with `prefix` `[s]`:
+    /// `tokens` `[b, t]` follow it, `at` and the values `[b, t]` index
+    /// them. The prefix runs once, and its keys and values serve every row
+    /// (through autodiff, their gradients add up over the rows).
+    pub fn hidden_at_after(
+        &self,
+        prefix: Tensor<B, 1, Int>,
+        tokens: Tensor<B, 2, Int>,
+        at: Tensor<B, 1, Int>,
+    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let ([b, t], s) = (tokens.dims(), prefix.dims()[0]);
+        let mut cache = KvCache::new(self.layers.len());
+        // Only the prefix's keys and values are kept; its hidden states are not read.
+        self.hidden_cached(prefix.reshape([1, s]), &mut cache);
+        let mut cache = cache.repeat(b);
+        let x = self.hidden_cached(tokens, &mut cache); // [b·t, d]
+        let values = self.tuned.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
+        (x.select(0, at), values) // [n, d], [b, t]
+    }
+
     /// The last position's logits `[b, v]` only: the output layer (the
     /// largest matrix of a small model) runs on `b` rows, not `b·t`.
     pub fn last_logits_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 2> {
@@ -277,6 +297,15 @@ impl<B: AttentionBackend + PointwiseBackend> CausalLm<B> for Llm<B> {
 impl<B: AttentionBackend + PointwiseBackend> PolicyNetwork<B> for Llm<B> {
     fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         self.hidden_at(tokens, at)
+    }
+
+    fn hidden_at_and_values_after(
+        &self,
+        prefix: Tensor<B, 1, Int>,
+        tokens: Tensor<B, 2, Int>,
+        at: Tensor<B, 1, Int>,
+    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        self.hidden_at_after(prefix, tokens, at)
     }
 
     fn output_layer(&self) -> OutputLayer<B> {

@@ -13,9 +13,9 @@ use crate::tokenizer::LlmTokenizer;
 use crate::{ChatTemplate, Pretrained};
 use anyhow::Result;
 use burn::prelude::*;
-use ragen_agent::{Context, Message, Policy, Response, Tokenizer};
+use ragen_agent::{Context, Message, Policy, Response, Tokenizer, Usage};
 use ragen_ops::{AttentionBackend, PointwiseBackend};
-use ragen_policy::{KvCache, ReplyRule, Sampling, sample_batch};
+use ragen_policy::{KvCache, ReplyRule, Sampling, sample_queue};
 use ragen_rng::SeedRng;
 
 /// Free text that ends at an end-of-turn token or after a stop string.
@@ -86,7 +86,8 @@ pub struct LlmSampling {
     pub sampling: Sampling,
     /// The longest reply, in tokens.
     pub max_new_tokens: usize,
-    /// Replies sampled together in one batch.
+    /// Replies written at once: when one finishes, a waiting prompt takes
+    /// its slot (continuous batching).
     pub batch: usize,
 }
 
@@ -147,6 +148,7 @@ pub struct LlmPolicy<B: Backend> {
     seed: u64,
     /// Replies drawn so far; reply `n` draws from stream `n` of `seed`.
     drawn: u64,
+    usage: Usage,
     name: String,
 }
 
@@ -155,7 +157,7 @@ impl<B: AttentionBackend + PointwiseBackend> LlmPolicy<B> {
         let rule = StopRule::new(&pretrained.tokenizer, "</answer>");
         let name = pretrained.path.file_name().map_or_else(|| "pretrained".into(), |n| n.to_string_lossy().into_owned());
         let chat = pretrained.chat_tokenizer(config.max_new_tokens);
-        Self { pretrained, chat, rule, config, seed, drawn: 0, name }
+        Self { pretrained, chat, rule, config, seed, drawn: 0, usage: Usage::default(), name }
     }
 
     /// The prompt tokens for one context: the chat template's rendering of
@@ -179,25 +181,28 @@ impl<B: AttentionBackend + PointwiseBackend> Policy for LlmPolicy<B> {
         &self.chat
     }
 
+    fn usage(&self) -> Usage {
+        self.usage
+    }
+
     fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {
         let prompts: Vec<Vec<u32>> = contexts.iter().map(|c| self.prompt_tokens(c)).collect::<Result<_>>()?;
         let mut rngs: Vec<Option<SeedRng>> = (0..contexts.len() as u64).map(|i| Some(SeedRng::stream(self.seed, self.drawn + i))).collect();
         self.drawn += contexts.len() as u64;
-        // Similar lengths share a batch, so little of it is padding.
+        // Prompts join the batch in order of length, so those writing
+        // together carry little padding; `batch` of them write at once.
         let mut order: Vec<usize> = (0..prompts.len()).collect();
         order.sort_by_key(|&i| prompts[i].len());
+        let queue: Vec<&[u32]> = order.iter().map(|&i| prompts[i].as_slice()).collect();
+        let mut queue_rngs: Vec<SeedRng> = order.iter().map(|&i| rngs[i].take().expect("each row once")).collect();
+        let (p, c) = (&self.pretrained, &self.config);
+        let sampled = sample_queue(&p.model, &queue, &self.rule, c.sampling, c.max_new_tokens, &mut queue_rngs, &p.device, c.batch);
+        self.usage.add(queue.iter().copied(), sampled.iter().map(|s| s.tokens.as_slice()));
+        let eos = p.tokenizer.eos.id;
         let mut replies: Vec<Option<Response>> = vec![None; prompts.len()];
-        let eos = self.pretrained.tokenizer.eos.id;
-        for chunk in order.chunks(self.config.batch.max(1)) {
-            let batch: Vec<&[u32]> = chunk.iter().map(|&i| prompts[i].as_slice()).collect();
-            let mut batch_rngs: Vec<SeedRng> = chunk.iter().map(|&i| rngs[i].take().expect("each row once")).collect();
-            let p = &self.pretrained;
-            let sampled =
-                sample_batch(&p.model, &batch, &self.rule, self.config.sampling, self.config.max_new_tokens, &mut batch_rngs, &p.device);
-            for (&i, s) in chunk.iter().zip(sampled) {
-                let shown = s.tokens.strip_suffix(&[eos]).unwrap_or(&s.tokens);
-                replies[i] = Some(Response { text: p.tokenizer.decode(shown), tokens: s.tokens, logprobs: s.logprobs });
-            }
+        for (&i, s) in order.iter().zip(sampled) {
+            let shown = s.tokens.strip_suffix(&[eos]).unwrap_or(&s.tokens);
+            replies[i] = Some(Response { text: p.tokenizer.decode(shown), tokens: s.tokens, logprobs: s.logprobs });
         }
         Ok(replies.into_iter().map(|r| r.expect("every context sampled")).collect())
     }

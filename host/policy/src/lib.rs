@@ -36,6 +36,6 @@ pub use model::{KvCache, LayerCache, PolicyModel, PolicyModelConfig, Rotation, i
 pub use network::PolicyNetwork;
 pub use policy::{BurnPolicy, SamplingConfig};
 pub use sample::{
-    CausalLm, ReplyRule, Sampled, Sampling, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with,
+    CausalLm, ReplyRule, Sampled, Sampling, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with, sample_queue,
 };
 pub use tokenizer::PluginTokenizer;

@@ -155,7 +155,8 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Keep only rows `keep` (indices into the current rows, in order), as
-    /// when finished replies leave a sampling batch.
+    /// when finished replies leave a sampling batch; an index given twice
+    /// copies its row (as when several rows continue one prompt).
     pub fn retain_rows(&mut self, keep: &[usize]) {
         let Some(device) = self.layers.iter().flatten().next().map(|(k, _)| k.device()) else { return };
         let index =
@@ -167,6 +168,55 @@ impl<B: Backend> KvCache<B> {
         if !self.gaps.is_empty() {
             self.gaps = keep.iter().map(|&i| self.gaps[i]).collect();
         }
+    }
+
+    /// The rows of `self`, then those of `other`: two batches laid out
+    /// alike (a shared prefix of `at` positions, each row's padding right
+    /// after it), as when waiting prompts join a batch that is already
+    /// writing (continuous batching). The shorter batch gets that much more
+    /// padding at `at`, so both end at the same position.
+    pub fn append_rows(self, other: Self, at: usize) -> Self {
+        let len = self.len.max(other.len);
+        let (mut layers, mut gaps) = self.widened(len, at);
+        let (other_layers, other_gaps) = other.widened(len, at);
+        for (mine, theirs) in layers.iter_mut().zip(other_layers) {
+            *mine = match (mine.take(), theirs) {
+                (Some((k, v)), Some((k2, v2))) => Some((Tensor::cat(vec![k, k2], 0), Tensor::cat(vec![v, v2], 0))),
+                (mine, theirs) => mine.or(theirs),
+            };
+        }
+        gaps.extend(other_gaps);
+        if gaps.iter().all(|&(_, z)| z == 0) {
+            gaps.clear();
+        }
+        Self { layers, len, gaps }
+    }
+
+    /// The buffers cut to their filled rows and widened to `len` positions
+    /// by padding at `at`, with each row's gap.
+    #[allow(clippy::type_complexity)]
+    fn widened(self, len: usize, at: usize) -> (Vec<Option<(Tensor<B, 3>, Tensor<B, 3>)>>, Vec<(usize, usize)>) {
+        let extra = len - self.len;
+        let rows = self.layers.iter().flatten().next().map_or(0, |(k, _)| k.dims()[0]);
+        let widen = |x: Tensor<B, 3>| {
+            let [b, _, w] = x.dims();
+            if extra == 0 {
+                return x.narrow(1, 0, len);
+            }
+            let pad = Tensor::zeros([b, extra, w], &x.device());
+            let before = (at > 0).then(|| x.clone().narrow(1, 0, at));
+            Tensor::cat(before.into_iter().chain([pad, x.narrow(1, at, self.len - at)]).collect(), 1)
+        };
+        let layers = self.layers.into_iter().map(|l| l.map(|(k, v)| (widen(k), widen(v)))).collect();
+        let gaps = if self.gaps.is_empty() { vec![(at, 0); rows] } else { self.gaps };
+        let gaps = gaps
+            .into_iter()
+            .map(|(start, z)| {
+                assert!(z == 0 || start == at, "padding sits right after the shared prefix");
+                (at, z + extra)
+            })
+            .collect();
+        (layers, gaps)
     }
 
     /// Record that `t` more positions are cached.
@@ -294,6 +344,28 @@ impl<B: AttentionBackend + PointwiseBackend> PolicyModel<B> {
     pub fn hidden_at(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         let [b, t] = tokens.dims();
         let x = self.hidden(tokens, None); // [b, t, d]
+        let d = x.dims()[2];
+        let x = x.reshape([b * t, d]);
+        let values = self.value_head.forward(x.clone()).reshape([b, t]); // [b, t]
+        (x.select(0, at), values) // [n, d], [b, t]
+    }
+
+    /// [`PolicyModel::hidden_at`] for rows that all begin with `prefix`
+    /// `[s]`: `tokens` `[b, t]` follow it, `at` and the values `[b, t]`
+    /// index them. The prefix runs once and its keys and values serve
+    /// every row.
+    pub fn hidden_at_after(
+        &self,
+        prefix: Tensor<B, 1, Int>,
+        tokens: Tensor<B, 2, Int>,
+        at: Tensor<B, 1, Int>,
+    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let ([b, t], s) = (tokens.dims(), prefix.dims()[0]);
+        let mut cache = KvCache::new(self.blocks.len());
+        // Only the prefix's keys and values are kept; its hidden states are not read.
+        self.hidden_cached(prefix.reshape([1, s]), &mut cache);
+        let mut cache = cache.repeat(b);
+        let x = self.hidden_cached(tokens, &mut cache); // [b, t, d]
         let d = x.dims()[2];
         let x = x.reshape([b * t, d]);
         let values = self.value_head.forward(x.clone()).reshape([b, t]); // [b, t]

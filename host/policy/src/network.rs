@@ -30,6 +30,28 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
     /// [`token_scores`](ragen_ops::token_scores), a chunk of positions at a time.
     fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>);
 
+    /// [`PolicyNetwork::hidden_at_and_values`] for rows that all begin
+    /// with the same `prefix` `[s]`: `tokens` `[b, l]` are what follows it
+    /// in each row, and `at` and the values `[b, l]` index those (position
+    /// `i` of row `r` is `r·l + i`). Every prompt of a step starts with the
+    /// same instructions; a network with a KV cache runs them once and lets
+    /// every row attend to their keys and values (the prefix's gradient is
+    /// then the sum over the rows). By default the prefix is prepended to
+    /// each row, which computes the same thing the long way.
+    fn hidden_at_and_values_after(
+        &self,
+        prefix: Tensor<B, 1, Int>,
+        tokens: Tensor<B, 2, Int>,
+        at: Tensor<B, 1, Int>,
+    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let ([b, l], s) = (tokens.dims(), prefix.dims()[0]);
+        let whole = Tensor::cat(vec![prefix.reshape([1, s]).repeat_dim(0, b), tokens], 1); // [b, s + l]
+        // Flat position r·l + i moves to r·(s + l) + s + i.
+        let at = at.clone() + (at.div_scalar(l as i64) + 1) * s as i64;
+        let (hidden, values) = self.hidden_at_and_values(whole, at);
+        (hidden, values.narrow(1, s, l))
+    }
+
     /// The output layer: hidden states `[n, d]` to next-token logits `[n, v]`.
     fn output_layer(&self) -> OutputLayer<B>;
 
@@ -69,6 +91,15 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
 impl<B: AttentionBackend + PointwiseBackend> PolicyNetwork<B> for crate::PolicyModel<B> {
     fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         self.hidden_at(tokens, at)
+    }
+
+    fn hidden_at_and_values_after(
+        &self,
+        prefix: Tensor<B, 1, Int>,
+        tokens: Tensor<B, 2, Int>,
+        at: Tensor<B, 1, Int>,
+    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        self.hidden_at_after(prefix, tokens, at)
     }
 
     fn output_layer(&self) -> OutputLayer<B> {

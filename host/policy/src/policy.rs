@@ -6,7 +6,7 @@ use crate::sample::sample_batch;
 use crate::tokenizer::PluginTokenizer;
 use anyhow::Result;
 use burn::prelude::*;
-use ragen_agent::{Context, Policy, Response, Role, Tokenizer};
+use ragen_agent::{Context, Policy, Response, Role, Tokenizer, Usage};
 use ragen_ops::{AttentionBackend, PointwiseBackend};
 use ragen_rng::SeedRng;
 
@@ -34,6 +34,7 @@ pub struct BurnPolicy<B: Backend> {
     seed: u64,
     /// Replies drawn so far; reply `n` draws from stream `n` of `seed`.
     drawn: u64,
+    usage: Usage,
     device: B::Device,
 }
 
@@ -54,7 +55,7 @@ impl<B: Backend> BurnPolicy<B> {
         device: B::Device,
     ) -> Self {
         let grammar = AnswerGrammar::new(&tokenizer, enable_think, config.think_budget, max_actions_per_turn);
-        Self { model, tokenizer, grammar, config, seed, drawn: 0, device }
+        Self { model, tokenizer, grammar, config, seed, drawn: 0, usage: Usage::default(), device }
     }
 
     pub fn grammar(&self) -> &AnswerGrammar {
@@ -92,6 +93,10 @@ impl<B: AttentionBackend + PointwiseBackend> Policy for BurnPolicy<B> {
         &self.tokenizer
     }
 
+    fn usage(&self) -> Usage {
+        self.usage
+    }
+
     fn respond(&mut self, contexts: &[Context<'_>]) -> Result<Vec<Response>> {
         let budget = self.grammar.max_reply_tokens();
         let prompts: Vec<Vec<u32>> = contexts.iter().map(|c| self.prompt_tokens(c)).collect();
@@ -117,6 +122,7 @@ impl<B: AttentionBackend + PointwiseBackend> Policy for BurnPolicy<B> {
             let batch: Vec<&[u32]> = chunk.iter().map(|&i| prompts[i].as_slice()).collect();
             let mut batch_rngs: Vec<SeedRng> = chunk.iter().map(|&i| rngs[i].take().expect("each row once")).collect();
             let sampled = sample_batch(&self.model, &batch, &self.grammar, self.config.temperature, budget, &mut batch_rngs, &self.device);
+            self.usage.add(batch.iter().copied(), sampled.iter().map(|s| s.tokens.as_slice()));
             for (&i, s) in chunk.iter().zip(sampled) {
                 replies[i] = Some(Response { text: self.tokenizer.decode(&s.tokens), tokens: s.tokens, logprobs: s.logprobs });
             }

@@ -138,12 +138,9 @@ pub fn sample<B: Backend, M: CausalLm<B>, R: ReplyRule>(
     sample_batch(model, &[prompt], grammar, temperature, max_new_tokens, std::slice::from_mut(rng), device).pop().expect("one row")
 }
 
-/// Sample one reply per prompt, all rows at once: the prefix all prompts
-/// share runs once, each row's remaining tokens are padded (after that
-/// prefix) to a common length and run in one pass, then every unfinished
-/// row gets one new token per step. Row `r` draws from
-/// `rngs[r]` only, so a reply does not depend on which other prompts shared
-/// its batch.
+/// Sample one reply per prompt, all rows at once: [`sample_queue`] with a
+/// slot for every prompt. Row `r` draws from `rngs[r]` only, so a reply
+/// does not depend on which other prompts shared its batch.
 pub fn sample_batch<B: Backend, M: CausalLm<B>, R: ReplyRule>(
     model: &M,
     prompts: &[&[u32]],
@@ -153,7 +150,7 @@ pub fn sample_batch<B: Backend, M: CausalLm<B>, R: ReplyRule>(
     rngs: &mut [SeedRng],
     device: &B::Device,
 ) -> Vec<Sampled> {
-    sample_batch_with(model, prompts, grammar, temperature, max_new_tokens, rngs, device, true)
+    sample_queue(model, prompts, grammar, temperature, max_new_tokens, rngs, device, prompts.len())
 }
 
 /// [`sample_batch`], or with `use_cache` false, the same draws made by
@@ -170,59 +167,65 @@ pub fn sample_batch_with<B: Backend, M: CausalLm<B>, R: ReplyRule>(
     device: &B::Device,
     use_cache: bool,
 ) -> Vec<Sampled> {
+    if use_cache {
+        return sample_batch(model, prompts, grammar, temperature, max_new_tokens, rngs, device);
+    }
     let b = prompts.len();
     let sampling = temperature.into();
     assert_eq!(rngs.len(), b, "one random stream per prompt");
     assert!(prompts.iter().all(|p| !p.is_empty()), "every prompt has at least one token (the pre-fill)");
-    let Prefilled { mut ids, shared, pad, mut cache, mut last } = prefill(model, prompts, device);
-    let mut states = vec![grammar.start(); b];
     let mut out: Vec<Sampled> = (0..b).map(|_| Sampled { tokens: vec![], logprobs: vec![], complete: false }).collect();
+    if b == 0 || max_new_tokens == 0 {
+        return out;
+    }
+    let Prefilled { mut ids, shared, pad, mut last } = prefill(model, prompts, device);
+    let mut states = vec![grammar.start(); b];
     // The rows still writing, and `last[i]` is row `active[i]`'s logits.
     let mut active: Vec<usize> = (0..b).collect();
-    for step in 0..max_new_tokens {
-        let mut fed = Vec::with_capacity(active.len());
-        for (i, &r) in active.iter().enumerate() {
-            let dist = log_distribution(&last[i], grammar.allowed(states[r]), sampling.temperature);
-            let token = draw(&narrowed(&dist, sampling), &mut rngs[r]);
-            out[r].tokens.push(token);
-            out[r].logprobs.push(dist[token as usize]);
-            states[r] = grammar.advance(states[r], token);
-            fed.push(token as i64);
+    loop {
+        let fed = draw_step(&active, &last, grammar, sampling, (&mut states, rngs, &mut out));
+        let still: Vec<usize> =
+            (0..active.len()).filter(|&i| !out[active[i]].complete && out[active[i]].tokens.len() < max_new_tokens).collect();
+        if still.is_empty() {
+            return out;
         }
-        // A finished row leaves the batch (and the cache), so one long reply
-        // does not make every other row compute to the token limit.
-        let still: Vec<usize> = (0..active.len()).filter(|&i| !grammar.is_done(states[active[i]])).collect();
-        if still.is_empty() || step + 1 == max_new_tokens {
-            break;
+        active = still.iter().map(|&i| active[i]).collect();
+        for (&r, &i) in active.iter().zip(&still) {
+            ids[r].push(fed[i]);
         }
-        if still.len() < active.len() {
-            cache.retain_rows(&still);
-            fed = still.iter().map(|&i| fed[i]).collect();
-            active = still.iter().map(|&i| active[i]).collect();
-        }
-        let n = active.len();
-        let logits = if use_cache {
-            model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(fed, [n, 1]), device), &mut cache)
-        } else {
-            for (&r, &token) in active.iter().zip(&fed) {
-                ids[r].push(token);
-            }
-            let len = ids[active[0]].len();
-            let mut whole = KvCache::new(model.n_layers());
-            whole.pad_at(shared, active.iter().map(|&r| pad[r]).collect());
-            let rows: Vec<i64> = active.iter().flat_map(|&r| ids[r].iter().copied()).collect();
-            model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(rows, [n, len]), device), &mut whole)
-        };
-        last = last_rows(logits);
+        let (n, len) = (active.len(), ids[active[0]].len());
+        let mut whole = KvCache::new(model.n_layers());
+        whole.pad_at(shared, active.iter().map(|&r| pad[r]).collect());
+        let rows: Vec<i64> = active.iter().flat_map(|&r| ids[r].iter().copied()).collect();
+        last = last_rows(model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(rows, [n, len]), device), &mut whole));
     }
-    for (o, s) in out.iter_mut().zip(&states) {
-        o.complete = grammar.is_done(*s);
+}
+
+/// One token for each row `active[i]` from its logits `last[i]`: drawn,
+/// recorded in `out` with its log-probability, and the row's state
+/// advanced (`complete` once the rule is done). Returns the tokens, to feed.
+fn draw_step<R: ReplyRule>(
+    active: &[usize],
+    last: &[Vec<f32>],
+    grammar: &R,
+    sampling: Sampling,
+    (states, rngs, out): (&mut [R::State], &mut [SeedRng], &mut [Sampled]),
+) -> Vec<i64> {
+    let mut fed = Vec::with_capacity(active.len());
+    for (i, &r) in active.iter().enumerate() {
+        let dist = log_distribution(&last[i], grammar.allowed(states[r]), sampling.temperature);
+        let token = draw(&narrowed(&dist, sampling), &mut rngs[r]);
+        out[r].tokens.push(token);
+        out[r].logprobs.push(dist[token as usize]);
+        states[r] = grammar.advance(states[r], token);
+        out[r].complete = grammar.is_done(states[r]);
+        fed.push(token as i64);
     }
-    out
+    fed
 }
 
 /// The prompts run through the model, ready to sample from.
-struct Prefilled<B: Backend> {
+struct Prefilled {
     /// Row by row: the shared prefix, padding, the row's own tokens (what
     /// the uncached path feeds whole at every step).
     ids: Vec<Vec<i64>>,
@@ -230,20 +233,15 @@ struct Prefilled<B: Backend> {
     shared: usize,
     /// Padding of each row, after the shared prefix.
     pad: Vec<usize>,
-    cache: KvCache<B>,
     /// The logits after each row's last prompt token, `[b][v]`.
     last: Vec<Vec<f32>>,
 }
 
-/// The prefix every prompt shares (the system prompt, the instructions, a
-/// group's whole first turn) is computed once and its cache repeated per
-/// row; then each row's own tokens, left-padded after the prefix to the
-/// longest. Every row keeps at least one token of its own, whose logits
-/// start its reply.
-fn prefill<B: Backend, M: CausalLm<B>>(model: &M, prompts: &[&[u32]], device: &B::Device) -> Prefilled<B> {
-    let b = prompts.len();
-    let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(1);
-    let shared = (0..shortest - 1).take_while(|&i| prompts.iter().all(|p| p[i] == prompts[0][i])).count();
+/// Prompts are prefilled as a tree of what they share: the prefix every
+/// prompt shares (the system prompt, the instructions) once, then each
+/// distinct prompt's own tokens ([`prefill_rows`]).
+fn prefill<B: Backend, M: CausalLm<B>>(model: &M, prompts: &[&[u32]], device: &B::Device) -> Prefilled {
+    let (shared, prefix) = shared_prefix(model, prompts, device);
     let rest: Vec<&[u32]> = prompts.iter().map(|p| &p[shared..]).collect();
     let longest = rest.iter().map(|p| p.len()).max().unwrap_or(0);
     let pad: Vec<usize> = rest.iter().map(|p| longest - p.len()).collect();
@@ -258,16 +256,126 @@ fn prefill<B: Backend, M: CausalLm<B>>(model: &M, prompts: &[&[u32]], device: &B
                 .collect()
         })
         .collect();
+    let (_, last) = prefill_rows(model, &prefix, shared, &rest, device);
+    Prefilled { ids, shared, pad, last }
+}
+
+/// How many first tokens all `prompts` share (every prompt keeps at least
+/// one of its own, whose logits start its reply), and their cache, run once.
+fn shared_prefix<B: Backend, M: CausalLm<B>>(model: &M, prompts: &[&[u32]], device: &B::Device) -> (usize, KvCache<B>) {
+    let shortest = prompts.iter().map(|p| p.len()).min().unwrap_or(1);
+    let shared = (0..shortest - 1).take_while(|&i| prompts.iter().all(|p| p[i] == prompts[0][i])).count();
     let mut cache = KvCache::new(model.n_layers());
     if shared > 0 {
         let prefix: Vec<i64> = prompts[0][..shared].iter().map(|&x| x as i64).collect();
         model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(prefix, [1, shared]), device), &mut cache);
     }
-    let mut cache = cache.repeat(b);
-    cache.pad_at(shared, pad.clone());
-    let own: Vec<i64> = ids.iter().flat_map(|row| row[shared..].iter().copied()).collect();
-    let logits = model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(own, [b, longest]), device), &mut cache);
-    Prefilled { ids, shared, pad, cache, last: last_rows(logits) }
+    (shared, cache)
+}
+
+/// Rows that continue `prefix` (a cache of `shared` positions) with their
+/// own tokens `rest`: each distinct continuation runs once, left-padded
+/// after the prefix to the longest, however many rows ask for it (a
+/// group's members all start from the same first prompt), and its cache
+/// row is copied out to them. Returns the rows' cache and the logits after
+/// each row's last token, `[rows][v]`.
+fn prefill_rows<B: Backend, M: CausalLm<B>>(
+    model: &M,
+    prefix: &KvCache<B>,
+    shared: usize,
+    rest: &[&[u32]],
+    device: &B::Device,
+) -> (KvCache<B>, Vec<Vec<f32>>) {
+    let longest = rest.iter().map(|p| p.len()).max().unwrap_or(0);
+    // `distinct[u]` is the first row with the u-th distinct continuation;
+    // row r reads cache row `of_row[r]`.
+    let mut first_of: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
+    let mut distinct = Vec::new();
+    let of_row: Vec<usize> = rest
+        .iter()
+        .enumerate()
+        .map(|(r, p)| {
+            *first_of.entry(p).or_insert_with(|| {
+                distinct.push(r);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    let mut cache = prefix.repeat(distinct.len());
+    cache.pad_at(shared, distinct.iter().map(|&r| longest - rest[r].len()).collect());
+    let own: Vec<i64> =
+        distinct.iter().flat_map(|&r| std::iter::repeat_n(0, longest - rest[r].len()).chain(rest[r].iter().map(|&x| x as i64))).collect();
+    let input = Tensor::<B, 2, Int>::from_data(TensorData::new(own, [distinct.len(), longest]), device);
+    let last = last_rows(model.last_logits_cached(input, &mut cache));
+    if distinct.len() < rest.len() {
+        cache.retain_rows(&of_row);
+    }
+    (cache, of_row.iter().map(|&u| last[u].clone()).collect())
+}
+
+/// Sample one reply per prompt with at most `slots` rows writing at once
+/// (continuous batching). Prompts join in order as slots free up, a
+/// quarter of the slots at a time: a finished reply leaves the batch and a
+/// waiting prompt takes its place, so one long reply no longer keeps a
+/// whole batch's worth of prompts waiting for it. The prefix every prompt
+/// shares runs once for all of them. Row `r` draws from `rngs[r]` only, so
+/// a reply depends neither on `slots` nor on which prompts shared its
+/// batch.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_queue<B: Backend, M: CausalLm<B>, R: ReplyRule>(
+    model: &M,
+    prompts: &[&[u32]],
+    grammar: &R,
+    temperature: impl Into<Sampling>,
+    max_new_tokens: usize,
+    rngs: &mut [SeedRng],
+    device: &B::Device,
+    slots: usize,
+) -> Vec<Sampled> {
+    let (b, slots, sampling) = (prompts.len(), slots.max(1), temperature.into());
+    assert_eq!(rngs.len(), b, "one random stream per prompt");
+    assert!(prompts.iter().all(|p| !p.is_empty()), "every prompt has at least one token (the pre-fill)");
+    let mut out: Vec<Sampled> = (0..b).map(|_| Sampled { tokens: vec![], logprobs: vec![], complete: false }).collect();
+    if b == 0 || max_new_tokens == 0 {
+        return out;
+    }
+    let (shared, prefix) = shared_prefix(model, prompts, device);
+    let mut states = vec![grammar.start(); b];
+    // The rows writing, their cache, and `last[i]`, row `active[i]`'s logits.
+    let (mut active, mut cache, mut last) = (Vec::<usize>::new(), None::<KvCache<B>>, Vec::<Vec<f32>>::new());
+    let mut waiting = 0..b;
+    loop {
+        let free = slots - active.len();
+        if !waiting.is_empty() && (active.is_empty() || 4 * free >= slots) {
+            let joining: Vec<usize> = waiting.by_ref().take(free).collect();
+            let rest: Vec<&[u32]> = joining.iter().map(|&r| &prompts[r][shared..]).collect();
+            let (joined, logits) = prefill_rows(model, &prefix, shared, &rest, device);
+            cache = Some(match cache {
+                Some(writing) => writing.append_rows(joined, shared),
+                None => joined,
+            });
+            active.extend(joining);
+            last.extend(logits);
+        }
+        if active.is_empty() {
+            return out;
+        }
+        let mut fed = draw_step(&active, &last, grammar, sampling, (&mut states, rngs, &mut out));
+        let still: Vec<usize> =
+            (0..active.len()).filter(|&i| !out[active[i]].complete && out[active[i]].tokens.len() < max_new_tokens).collect();
+        if still.is_empty() {
+            (active, cache, last) = (Vec::new(), None, Vec::new());
+            continue;
+        }
+        let cache = cache.as_mut().expect("rows are writing");
+        if still.len() < active.len() {
+            cache.retain_rows(&still);
+            fed = still.iter().map(|&i| fed[i]).collect();
+            active = still.iter().map(|&i| active[i]).collect();
+        }
+        let n = active.len();
+        last = last_rows(model.last_logits_cached(Tensor::<B, 2, Int>::from_data(TensorData::new(fed, [n, 1]), device), cache));
+    }
 }
 
 /// `dist` with everything outside the top-k and the top-p nucleus removed

@@ -154,3 +154,99 @@ fn a_pretrained_models_critic_of_its_own_is_a_second_copy_that_trains_apart() {
     let changed: Vec<&ParamId> = before.keys().filter(|id| before[id] != after[id]).collect();
     assert!(!changed.is_empty() && changed.iter().all(|id| trainable.contains(id)), "the policy's adapters train, its base does not");
 }
+
+/// Every float gradient of `module`, by parameter id.
+fn gradients<M: Module<B>>(module: &M, grads: &<B as burn::tensor::backend::AutodiffBackend>::Gradients) -> BTreeMap<ParamId, Vec<f32>> {
+    struct Collect<'g>(BTreeMap<ParamId, Vec<f32>>, &'g <B as burn::tensor::backend::AutodiffBackend>::Gradients);
+    impl ModuleVisitor<B> for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = param.val().grad(self.1) {
+                self.0.insert(param.id, g.into_data().to_vec::<f32>().unwrap());
+            }
+        }
+    }
+    let mut c = Collect(BTreeMap::new(), grads);
+    module.visit(&mut c);
+    c.0
+}
+
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0.0f32, f32::max);
+    assert!(worst < 1e-4, "{what} differ by up to {worst}");
+}
+
+/// The learner runs a pass's shared instructions once
+/// (`hidden_at_and_values_after`): the hidden states, values and gradients
+/// are those of the whole rows, for a pretrained model with LoRA and for
+/// the model trained from scratch.
+#[test]
+fn a_shared_prefix_scores_and_trains_as_the_whole_rows_do() {
+    fn agree<M: ragen_policy::PolicyNetwork<B>>(model: &M, what: &str) {
+        let device = Default::default();
+        let prefix = [3i64, 9, 4, 1, 7];
+        // Two rows after the prefix, the first right-padded.
+        let own = [2i64, 8, 5, 6, 0, 0, 4, 4, 1, 2, 3, 9];
+        let (s, l) = (prefix.len(), 6);
+        let whole: Vec<i64> = own.chunks(l).flat_map(|row| prefix.iter().chain(row).copied()).collect();
+        let at = [1i64, 3, 6 + 2, 6 + 5];
+        let at_whole: Vec<i64> = at.iter().map(|&i| i + s as i64 * (i / l as i64 + 1)).collect();
+        let ints = |v: Vec<i64>| Tensor::<B, 1, Int>::from_data(TensorData::new(v.clone(), [v.len()]), &device);
+        let (h1, v1) = model.hidden_at_and_values_after(ints(prefix.to_vec()), ints(own.to_vec()).reshape([2, l]), ints(at.to_vec()));
+        let (h2, v2) = model.hidden_at_and_values(ints(whole).reshape([2, s + l]), ints(at_whole));
+        let v2 = v2.narrow(1, s, l);
+        let floats = |t: Tensor<B, 2>| t.inner().into_data().to_vec::<f32>().unwrap();
+        assert_close(&floats(h1.clone()), &floats(h2.clone()), &format!("{what}: hidden states"));
+        assert_close(&floats(v1.clone()), &floats(v2.clone()), &format!("{what}: values"));
+        let g1 = gradients(model, &(h1.sum() + v1.sum()).backward());
+        let g2 = gradients(model, &(h2.sum() + v2.sum()).backward());
+        assert_eq!(g1.keys().collect::<Vec<_>>(), g2.keys().collect::<Vec<_>>(), "{what}: the same parameters get gradients");
+        assert!(!g1.is_empty(), "{what}: something trains");
+        for (id, g) in &g1 {
+            assert_close(g, &g2[id], &format!("{what}: gradient of {id}"));
+        }
+    }
+    let device = Default::default();
+    let pretrained = ragen_llm::Pretrained::<B>::load(&tiny_model("prefix"), &device).unwrap();
+    agree(&pretrained.model.with_lora(&LoraConfig::new(8, 16.0)), "LoRA on a tiny Llama");
+    let scratch = ragen_policy::PolicyModelConfig::new(32).with_d_model(32).with_n_layers(2).with_n_heads(2).with_rotary(true);
+    agree(&scratch.init::<B>(&device), "a model from scratch with rotary positions");
+    agree(&scratch.with_rotary(false).init::<B>(&device), "a model from scratch with learned positions");
+}
+
+/// A rollout whose prompts share their instructions, and within a group
+/// the whole first prompt, prefills each shared part once; replies are
+/// drawn from the same distributions, so the same seeds give the same
+/// tokens as prompts sampled one at a time.
+#[test]
+fn a_shared_prefix_rollout_gives_the_tokens_of_an_unshared_one() {
+    let mut config = config(tiny_model("shared-rollout"));
+    config.sampling.max_new_tokens = 4;
+    config.agent.rollout.env_groups = 4;
+    config.agent.rollout.group_size = 4;
+    let runner = runner(&config, &[]);
+    let device = Default::default();
+    let replies = |batch: usize| {
+        let config = TrainConfig { sampling: ragen_learner::SamplingSection { batch, ..config.sampling.clone() }, ..config.clone() };
+        let (trainee, learner) = Chat::build::<B>(&config, config.model_path.as_ref().unwrap(), device).unwrap();
+        let mut policy = Trainee::<B>::policy(&trainee, learner.policy_model(), 1.0, 7, &device);
+        let ts = runner.run(policy.as_mut(), &[10, 11, 12, 13]).unwrap();
+        let agent = |t: &Trajectory| -> Vec<(Vec<u32>, Vec<f32>)> {
+            t.segments.iter().filter(|s| !s.tokens.is_empty()).map(|s| (s.tokens.clone(), s.logprobs.clone())).collect()
+        };
+        ts.iter().map(agent).collect::<Vec<_>>()
+    };
+    // All sixteen at once; five at a time, waiting prompts taking the
+    // slots of finished replies; one at a time, nothing shared.
+    let (shared, queued, alone) = (replies(16), replies(5), replies(1));
+    assert_eq!(shared.len(), 16);
+    for (other, what) in [(&queued, "five slots"), (&alone, "one at a time")] {
+        for (t, (a, b)) in shared.iter().zip(other).enumerate() {
+            assert!(!a.is_empty() && a.len() == b.len(), "trajectory {t} has its replies ({what})");
+            for ((ta, la), (tb, lb)) in a.iter().zip(b) {
+                assert_eq!(ta, tb, "trajectory {t}: the same tokens ({what})");
+                assert_close(la, lb, &format!("trajectory {t}: log-probabilities ({what})"));
+            }
+        }
+    }
+}
