@@ -28,7 +28,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 /// What a reply asked for.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Parsed {
     /// The thinking, if the reply had the expected shape and thinking is on.
     pub think: Option<String>,

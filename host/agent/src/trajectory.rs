@@ -24,7 +24,7 @@ pub struct Segment {
 }
 
 /// One reply and what it did.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Turn {
     /// The env's observation the reply answered: the state GiGPO groups
     /// steps by (empty in files written before it was kept).
@@ -36,12 +36,13 @@ pub struct Turn {
     pub effective: usize,
     /// Sum of the env rewards of this turn's actions.
     pub reward: f64,
-    /// The format penalty charged for this reply (0 or negative).
+    /// The penalties charged for this reply (0 or negative): the format
+    /// penalty, plus DAPO's overlong shaping when training turns it on.
     pub penalty: f64,
     pub done: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Trajectory {
     /// Index of the group (prompt) this trajectory belongs to.
     pub group: usize,

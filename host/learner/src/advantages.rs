@@ -362,6 +362,14 @@ mod tests {
         }
     }
 
+    /// `raw` whitened over the batch as the estimators do: minus the mean,
+    /// over the population std (plus 1e-8).
+    fn whitened<const N: usize>(raw: [f32; N]) -> [f32; N] {
+        let mean = raw.iter().sum::<f32>() / N as f32;
+        let std = (raw.iter().map(|a| (a - mean).powi(2)).sum::<f32>() / N as f32).sqrt();
+        raw.map(|a| (a - mean) / (std + 1e-8))
+    }
+
     #[test]
     fn gae_with_gamma_and_lambda_one_is_reward_minus_value() {
         let (adv, ret) = gae(&[0.0, 0.0, 1.0], &[0.5, 0.2, 0.4], 1.0, 1.0);
@@ -400,11 +408,7 @@ mod tests {
         let (adv, ret) = Estimator::Gae.estimate(&seqs, 1.0, 1.0);
         // Raw advantages R − V: [0.5 | 0.8, 0.6 | −0.3]; returns R.
         assert_eq!(ret, vec![vec![1.0], vec![1.0, 1.0], vec![0.0]]);
-        let raw = [0.5f32, 0.8, 0.6, -0.3];
-        let mean = raw.iter().sum::<f32>() / 4.0;
-        let std = (raw.iter().map(|a| (a - mean).powi(2)).sum::<f32>() / 4.0).sqrt();
-        let flat: Vec<f32> = adv.concat();
-        close(&flat, &raw.map(|a| (a - mean) / (std + 1e-8)));
+        close(&adv.concat(), &whitened([0.5, 0.8, 0.6, -0.3]));
         assert!(Estimator::Gae.uses_critic() && !Estimator::Grpo.uses_critic());
         assert!(Estimator::parse("vtrace").unwrap_err().to_string().contains("gae"));
         assert_eq!(Estimator::parse("grpo").unwrap(), Estimator::Grpo);
@@ -457,10 +461,7 @@ mod tests {
             SequenceInput { trajectory: 1, group: 0, reward: 0.0, values: &[0.0], turn_of: &[0], steps: &[] },
         ];
         let (adv, ret) = Estimator::ReinforcePlusPlus.estimate(&seqs, 0.5, 1.0);
-        let raw = [0.25f32, 0.5, 1.0, 0.0];
-        let mean = raw.iter().sum::<f32>() / 4.0;
-        let std = (raw.iter().map(|a| (a - mean).powi(2)).sum::<f32>() / 4.0).sqrt();
-        close(&adv.concat(), &raw.map(|a| (a - mean) / (std + 1e-8)));
+        close(&adv.concat(), &whitened([0.25, 0.5, 1.0, 0.0]));
         assert_eq!(ret, vec![vec![1.0], vec![1.0, 1.0], vec![0.0]]);
     }
 

@@ -4,7 +4,8 @@
 use crate::advantages::{Estimator, Gigpo};
 use crate::filter::{FilterStrategy, RolloutFilter};
 use crate::loss::{Clip, LossAgg};
-use crate::schedule::{Decay, LrSchedule};
+use crate::overlong::Overlong;
+use crate::schedule::{Decay, Schedule};
 use crate::update::UpdateConfig;
 use anyhow::{Context, Result};
 use ragen_agent::AgentConfig;
@@ -129,6 +130,13 @@ pub struct PpoSection {
     /// With dynamic sampling, the most batches of `env_groups` groups a
     /// step plays (verl's name; 4 by default).
     pub max_num_gen_batches: Option<usize>,
+    /// DAPO's overlong shaping: the last tokens before
+    /// `sampling.max_new_tokens` over which a reply's penalty grows
+    /// (verl's `overlong_buffer.len`; absent: off). See the overlong module.
+    pub overlong_buffer_len: Option<usize>,
+    /// The overlong penalty at the limit (verl's
+    /// `overlong_buffer.penalty_factor`; 1 by default).
+    pub overlong_penalty_factor: Option<f64>,
     /// How the policy's per-token terms add up over a mini-batch:
     /// `token-mean` (the default), `seq-mean-token-sum` or
     /// `seq-mean-token-mean` (verl's names).
@@ -397,12 +405,14 @@ pub struct Resolved {
     /// The warm start's imitation rate.
     pub warm_lr: f64,
     /// The learning rate per training step (`update.lr` is its peak).
-    pub schedule: LrSchedule,
+    pub schedule: Schedule,
     /// The entropy coefficient per training step (`update.entropy_coef`
     /// is its start).
-    pub entropy_schedule: LrSchedule,
+    pub entropy_schedule: Schedule,
     /// With dynamic sampling on, the most batches of groups a step plays.
     pub dynamic_sampling: Option<usize>,
+    /// DAPO's overlong shaping of the training rollouts' rewards, when on.
+    pub overlong: Option<Overlong>,
     pub filter: RolloutFilter,
     /// With a `[critic]` network: its learning rate as a multiple of the
     /// policy's, at every step of the schedule.
@@ -489,24 +499,25 @@ impl TrainConfig {
             anyhow::bail!("ppo.kl_coef {kl_coef}: use 0 (StarPO-S: no reference model) or a small positive weight such as 0.001");
         }
         u.kl_coef = kl_coef;
-        let schedule = LrSchedule {
-            lr: u.lr,
+        if !(u.lr > 0.0 && u.lr.is_finite()) {
+            anyhow::bail!("ppo.lr {}: use a positive learning rate such as 1e-3 (from scratch) or 1e-6 (a pretrained model)", u.lr);
+        }
+        let schedule = Schedule {
+            peak: u.lr,
             decay: p.lr_scheduler_type.unwrap_or_default(),
             warmup_steps: p.lr_warmup_steps.unwrap_or(0),
-            min_lr_ratio: p.min_lr_ratio.unwrap_or(0.0),
+            min_ratio: p.min_lr_ratio.unwrap_or(0.0),
             total_steps: self.steps,
         };
-        schedule.check()?;
-        let entropy_schedule = LrSchedule {
-            lr: u.entropy_coef,
+        schedule.check("min_lr_ratio", "lr_warmup_steps")?;
+        let entropy_schedule = Schedule {
+            peak: u.entropy_coef,
             decay: p.entropy_coeff_scheduler_type.unwrap_or_default(),
             warmup_steps: 0,
-            min_lr_ratio: p.min_entropy_coeff_ratio.unwrap_or(0.0),
+            min_ratio: p.min_entropy_coeff_ratio.unwrap_or(0.0),
             total_steps: self.steps,
         };
-        if !(0.0..=1.0).contains(&entropy_schedule.min_lr_ratio) {
-            anyhow::bail!("ppo.min_entropy_coeff_ratio {}: use a share of entropy_coeff in [0, 1]", entropy_schedule.min_lr_ratio);
-        }
+        entropy_schedule.check("min_entropy_coeff_ratio", "")?;
         let critic_lr_scale = self.critic_lr_scale(&u)?;
         let warm_lr = self.warm_start.lr.unwrap_or(u.lr);
         if !(warm_lr > 0.0 && warm_lr.is_finite()) {
@@ -524,7 +535,31 @@ impl TrainConfig {
             (false, Some(_)) => anyhow::bail!("ppo.max_num_gen_batches bounds dynamic sampling: add dynamic_sampling = true, or remove it"),
             (false, None) => None,
         };
-        Ok(Resolved { warm_lr, update: u, schedule, entropy_schedule, dynamic_sampling, filter, critic_lr_scale })
+        let overlong = self.overlong(p)?;
+        Ok(Resolved { warm_lr, update: u, schedule, entropy_schedule, dynamic_sampling, overlong, filter, critic_lr_scale })
+    }
+
+    /// DAPO's overlong shaping from `ppo.overlong_buffer_len` and
+    /// `ppo.overlong_penalty_factor`, against `sampling.max_new_tokens`.
+    fn overlong(&self, p: &PpoSection) -> Result<Option<Overlong>> {
+        let max_tokens = self.sampling.max_new_tokens;
+        let Some(buffer_len) = p.overlong_buffer_len else {
+            if p.overlong_penalty_factor.is_some() {
+                anyhow::bail!("ppo.overlong_penalty_factor sizes DAPO's overlong penalty: add ppo.overlong_buffer_len, or remove it");
+            }
+            return Ok(None);
+        };
+        if buffer_len == 0 || buffer_len >= max_tokens {
+            anyhow::bail!(
+                "ppo.overlong_buffer_len {buffer_len}: use 1 to {} tokens, the end of a reply of at most sampling.max_new_tokens = {max_tokens} where the penalty grows",
+                max_tokens.saturating_sub(1)
+            );
+        }
+        let penalty_factor = p.overlong_penalty_factor.unwrap_or(1.0);
+        if !(penalty_factor >= 0.0 && penalty_factor.is_finite()) {
+            anyhow::bail!("ppo.overlong_penalty_factor {penalty_factor}: use a penalty of 0 or more, such as 1 (DAPO's)");
+        }
+        Ok(Some(Overlong { max_tokens, buffer_len, penalty_factor }))
     }
 
     /// The `[critic]` network's rate relative to the policy's, after
@@ -600,8 +635,8 @@ mod tests {
             toml::from_str("steps = 20\n[ppo]\nlr = 0.01\nlr_scheduler_type = \"linear\"\nlr_warmup_steps = 4\nmin_lr_ratio = 0.5\n")
                 .unwrap();
         let s = c.resolve().unwrap().schedule;
-        assert_eq!((s.decay, s.warmup_steps, s.min_lr_ratio, s.total_steps), (Decay::Linear, 4, 0.5, 20));
-        assert!((s.lr_at(0) - 0.0025).abs() < 1e-12 && (s.lr_at(19) - 0.005).abs() < 1e-12);
+        assert_eq!((s.decay, s.warmup_steps, s.min_ratio, s.total_steps), (Decay::Linear, 4, 0.5, 20));
+        assert!((s.at(0) - 0.0025).abs() < 1e-12 && (s.at(19) - 0.005).abs() < 1e-12);
         assert_eq!(TrainConfig::default().resolve().unwrap().schedule.decay, Decay::Constant);
         let long: TrainConfig = toml::from_str("steps = 3\n[ppo]\nlr_warmup_steps = 3\n").unwrap();
         assert!(long.resolve().unwrap_err().to_string().contains("lr_warmup_steps"));
@@ -612,9 +647,21 @@ mod tests {
         )
         .unwrap();
         let e = e.resolve().unwrap().entropy_schedule;
-        assert!((e.lr_at(0) - 0.01).abs() < 1e-12 && (e.lr_at(5) - 0.006).abs() < 1e-12 && (e.lr_at(10) - 0.002).abs() < 1e-12);
+        assert!((e.at(0) - 0.01).abs() < 1e-12 && (e.at(5) - 0.006).abs() < 1e-12 && (e.at(10) - 0.002).abs() < 1e-12);
         let bad: TrainConfig = toml::from_str("[ppo]\nmin_entropy_coeff_ratio = 2.0\n").unwrap();
         assert!(bad.resolve().unwrap_err().to_string().contains("min_entropy_coeff_ratio"));
+        // DAPO's overlong shaping, against the reply limit.
+        let o: TrainConfig = toml::from_str("[sampling]\nmax_new_tokens = 100\n[ppo]\noverlong_buffer_len = 20\n").unwrap();
+        assert_eq!(o.resolve().unwrap().overlong, Some(Overlong { max_tokens: 100, buffer_len: 20, penalty_factor: 1.0 }));
+        assert_eq!(TrainConfig::default().resolve().unwrap().overlong, None);
+        for bad in ["overlong_buffer_len = 100", "overlong_buffer_len = 0", "overlong_penalty_factor = 0.5"] {
+            let c: TrainConfig = toml::from_str(&format!("[sampling]\nmax_new_tokens = 100\n[ppo]\n{bad}\n")).unwrap();
+            assert!(c.resolve().unwrap_err().to_string().contains("overlong"), "{bad}");
+        }
+        for lr in ["0.0", "-1e-3", "nan"] {
+            let bad: TrainConfig = toml::from_str(&format!("[ppo]\nlr = {lr}\n")).unwrap();
+            assert!(bad.resolve().unwrap_err().to_string().contains("ppo.lr"), "lr = {lr}");
+        }
     }
 
     #[test]

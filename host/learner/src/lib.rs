@@ -8,7 +8,7 @@
 //!   k3 KL to the frozen reference, masked entropy;
 //! * [`Learner::update`]: one update, top to bottom; [`Learner::imitate`]:
 //!   the supervised update of a warm start on demonstrations;
-//! * [`LrSchedule`]: warm-up and decay of the learning rate;
+//! * [`Schedule`]: warm-up and decay of the learning rate and the entropy coefficient;
 //! * [`config`]: the presets (`starpo-s`, `starpo`, `grpo`) and overrides;
 //! * [`trainee`]: what trains, the from-scratch transformer ([`Scratch`])
 //!   or a pretrained model with LoRA ([`Chat`]);
@@ -23,6 +23,7 @@ pub mod config;
 mod filter;
 pub mod loss;
 pub mod metrics;
+mod overlong;
 pub mod run;
 mod schedule;
 pub mod trainee;
@@ -34,7 +35,8 @@ pub use checkpoint::{BaseModel, CheckpointInfo, RunDir, find_checkpoint, load_tr
 pub use config::{Algo, CriticSection, PluginRecord, Positions, SamplingSection, TrainConfig, WarmStartSection};
 pub use filter::{FilterStrategy, RolloutFilter};
 pub use metrics::{StepMetrics, read_metrics};
+pub use overlong::Overlong;
 pub use run::{build_learner, train};
-pub use schedule::{Decay, LrSchedule};
+pub use schedule::{Decay, Schedule};
 pub use trainee::{Chat, Scratch, Trainee};
 pub use update::{Learner, Passes, UpdateConfig, UpdateStats};

@@ -12,7 +12,8 @@ use crate::checkpoint::{self, BaseModel, CheckpointState, RunDir};
 use crate::config::TrainConfig;
 use crate::filter::{RolloutFilter, std};
 use crate::metrics::{StepMetrics, read_metrics};
-use crate::schedule::LrSchedule;
+use crate::overlong::Overlong;
+use crate::schedule::Schedule;
 use crate::trainee::{Chat, Scratch, Trainee};
 use crate::update::{Learner, Passes, UpdateStats};
 use crate::warm_start::WarmStart;
@@ -147,6 +148,16 @@ fn drive<B: TrainBackend, T: Trainee<B>>(
     Ok(run.history)
 }
 
+/// What an RL step played: its trajectories, the rollout's token counts,
+/// each group's rewards (indexed by the trajectories' `group`), and the
+/// groups the variance filter chooses from.
+struct Played {
+    trajectories: Vec<Trajectory>,
+    usage: Usage,
+    group_rewards: Vec<Vec<f32>>,
+    candidates: Vec<usize>,
+}
+
 /// A run in progress: what [`train`] keeps between steps.
 struct Run<'c, B: TrainBackend, T: Trainee<B>> {
     config: &'c TrainConfig,
@@ -162,11 +173,12 @@ struct Run<'c, B: TrainBackend, T: Trainee<B>> {
     /// The pretrained model it builds on, pinned by hash.
     base: Option<BaseModel>,
     filter: RolloutFilter,
-    schedule: LrSchedule,
-    entropy_schedule: LrSchedule,
+    schedule: Schedule,
+    entropy_schedule: Schedule,
     /// With DAPO's dynamic sampling: the most batches of groups a step
     /// plays to fill its batch with informative groups.
     dynamic_sampling: Option<usize>,
+    overlong: Option<Overlong>,
     /// The best validation success so far (what `checkpoint-best/` holds).
     best: Option<f64>,
     alarm: CollapseAlarm,
@@ -211,6 +223,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             schedule: resolved.schedule,
             entropy_schedule: resolved.entropy_schedule,
             dynamic_sampling: resolved.dynamic_sampling,
+            overlong: resolved.overlong,
             best: None,
             alarm: CollapseAlarm::default(),
             history: Vec::new(),
@@ -271,21 +284,18 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     /// variance filter and the StarPO update.
     fn rl_step(&mut self, step: u64, rl_step: u64) -> Result<StepMetrics> {
         let clock = std::time::Instant::now();
-        let (ts, usage, candidates) = self.play(step)?;
+        let Played { trajectories: ts, usage, group_rewards, candidates } = self.play(step)?;
         let rollout_seconds = clock.elapsed().as_secs_f64();
 
-        let played = ts.iter().map(|t| t.group + 1).max().unwrap_or(0);
-        let group_rewards: Vec<Vec<f32>> =
-            (0..played).map(|g| ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()).collect();
         let candidate_rewards: Vec<Vec<f32>> = candidates.iter().map(|&g| group_rewards[g].clone()).collect();
         let kept: Vec<usize> = self.filter.keep(&candidate_rewards).into_iter().map(|i| candidates[i]).collect();
         let batch: Vec<&Trajectory> = ts.iter().filter(|t| kept.contains(&t.group)).collect();
         let std_after = kept.iter().map(|&g| std(&group_rewards[g]) as f64).sum::<f64>() / kept.len().max(1) as f64;
         let std_before = group_rewards.iter().map(|r| std(r) as f64).sum::<f64>() / group_rewards.len().max(1) as f64;
 
-        let lr = self.schedule.lr_at(rl_step);
+        let lr = self.schedule.at(rl_step);
         self.learner.set_lr(lr);
-        let entropy_coef = self.entropy_schedule.lr_at(rl_step);
+        let entropy_coef = self.entropy_schedule.at(rl_step);
         self.learner.set_entropy_coef(entropy_coef);
         let clock = std::time::Instant::now();
         let (stats, skipped) = match self.learner.update(&batch, self.trainee.tokenizer()) {
@@ -300,53 +310,52 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             skipped,
             rollout_prompt_tokens: usage.prompt_tokens,
             rollout_reply_tokens: usage.reply_tokens,
-            groups_played: played,
+            groups_played: group_rewards.len(),
             entropy_coef,
             ..self.step_metrics(step, &ts, &stats, lr, seconds)
         })
     }
 
-    /// The rollouts of RL step `step`, their token counts, and the groups
-    /// the variance filter chooses from. Without dynamic sampling: one
-    /// batch of `env_groups` groups, every one a candidate. With it (DAPO):
-    /// groups whose rewards are all equal teach nothing, so further
-    /// batches of `env_groups` new groups are played, up to
-    /// `max_num_gen_batches` in all, until `env_groups` groups with some
-    /// spread are in hand; those (the first `env_groups` of them) are the
-    /// candidates. Groups are numbered across batches, and every
-    /// trajectory played counts in the step's success and rewards.
-    fn play(&self, step: u64) -> Result<(Vec<Trajectory>, Usage, Vec<usize>)> {
+    /// The rollouts of RL step `step` and the groups the variance filter
+    /// chooses from. Without dynamic sampling: one batch of `env_groups`
+    /// groups, every one a candidate. With it (DAPO): groups whose rewards
+    /// are all equal teach nothing, so further batches of `env_groups` new
+    /// groups are played, up to `max_num_gen_batches` in all, until
+    /// `env_groups` groups with some spread are in hand; those (the first
+    /// `env_groups` of them) are the candidates. Groups are numbered across
+    /// batches, and every trajectory played counts in the step's success
+    /// and rewards. With DAPO's overlong shaping on, the rewards are the
+    /// shaped ones from here on.
+    fn play(&self, step: u64) -> Result<Played> {
         let config = self.config;
         let n = config.agent.rollout.env_groups;
         let group_size = config.agent.rollout.group_size;
         let mut policy = self.policy(config.sampling.temperature, next_seed(config.seed ^ (step << 32)));
-        let batches = self.dynamic_sampling.unwrap_or(1);
-        let (mut ts, mut informative): (Vec<Trajectory>, Vec<usize>) = (Vec::new(), Vec::new());
-        for b in 0..batches {
+        let informative = |rewards: &Vec<f32>| std(rewards) > 0.0;
+        let (mut trajectories, mut group_rewards) = (Vec::new(), Vec::new());
+        for b in 0..self.dynamic_sampling.unwrap_or(1) {
             // Seeds depend on the group's index alone, so batch `b` plays
             // groups `b·n ..` of the step's sequence: new rooms each time.
             let seeds = group_seeds(config.seed, step, n * (b + 1));
-            for mut t in self.runner.run(policy.as_mut(), &seeds[n * b..])? {
+            let mut batch = self.runner.run(policy.as_mut(), &seeds[n * b..])?;
+            if let Some(overlong) = &self.overlong {
+                batch.iter_mut().for_each(|t| overlong.shape(t));
+            }
+            group_rewards.extend((0..n).map(|g| batch.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect()));
+            trajectories.extend(batch.into_iter().map(|mut t| {
                 t.group += n * b;
                 t.env += n * group_size * b;
-                ts.push(t);
-            }
-            if self.dynamic_sampling.is_none() {
-                let candidates = (0..n).collect();
-                return Ok((ts, policy.usage(), candidates));
-            }
-            informative = (0..n * (b + 1))
-                .filter(|&g| {
-                    let rewards: Vec<f32> = ts.iter().filter(|t| t.group == g).map(|t| t.reward as f32).collect();
-                    std(&rewards) > 0.0
-                })
-                .take(n)
-                .collect();
-            if informative.len() == n {
+                t
+            }));
+            if group_rewards.iter().filter(|r| informative(r)).count() >= n {
                 break;
             }
         }
-        Ok((ts, policy.usage(), informative))
+        let candidates = match self.dynamic_sampling {
+            None => (0..n).collect(),
+            Some(_) => (0..group_rewards.len()).filter(|&g| informative(&group_rewards[g])).take(n).collect(),
+        };
+        Ok(Played { trajectories, usage: policy.usage(), group_rewards, candidates })
     }
 
     /// A warm-start step: this step's demonstrations, re-encoded in the

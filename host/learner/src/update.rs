@@ -51,7 +51,7 @@ pub struct UpdateConfig {
     pub lambda: f32,
     pub max_grad_norm: f64,
     /// The rate of the next update's AdamW steps; a run sets it every step
-    /// from its [`LrSchedule`](crate::LrSchedule).
+    /// from its [`Schedule`](crate::Schedule).
     pub lr: f64,
     pub weight_decay: f32,
     /// The temperature replies were sampled at.
