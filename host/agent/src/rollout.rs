@@ -133,6 +133,13 @@ impl RolloutRunner {
         &self.config
     }
 
+    /// What the runner's env pool did to recover from the plugin's faults
+    /// since it started (rebuilt instances, replayed episodes, batching
+    /// turned off): a run reports it so that recovery is never silent.
+    pub fn recoveries(&self) -> Result<ragen_runtime::Recoveries> {
+        Ok(self.pool.stats()?.recoveries)
+    }
+
     pub fn limits(&self) -> LoopLimits {
         self.limits
     }

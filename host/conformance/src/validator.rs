@@ -23,6 +23,9 @@ fn fix_for(fault: &Fault) -> &'static str {
         FaultKind::MemoryCap => "fix: memory grows without bound; look for a leak or unbounded buffer (or raise --memory-mib)",
         FaultKind::Trap if fault.message.contains("overflowed its stack") => "fix: bound the recursion, or turn it into a loop",
         FaultKind::Trap => "fix: the plugin panicked or hit `unreachable`; return an env-error result instead of trapping",
+        FaultKind::Contract if fault.message.contains(" results for ") => {
+            "fix: a batched call must return exactly one result per env it was given, in the order given"
+        }
         FaultKind::Contract => "fix: keep the plugin's self-description within the host's limits (see `ReportLimits`)",
     }
 }
@@ -230,5 +233,17 @@ impl Validator<'_> {
             }
         }
         Ok((first, records, numbers))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_batched_result_and_a_refused_description_get_their_own_fix() {
+        let contract = |message: &str| Fault { kind: FaultKind::Contract, message: message.into() };
+        assert!(fix_for(&contract("step-batch: returned 3 results for 8 envs")).contains("one result per env"));
+        assert!(fix_for(&contract("spec: the action list is empty")).contains("ReportLimits"));
     }
 }

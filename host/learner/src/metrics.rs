@@ -66,6 +66,16 @@ pub struct StepMetrics {
     /// The first of those failures, as the pool reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_failure: Option<String>,
+    /// Plugin instances the env pools rebuilt during this step (after a
+    /// fault; the other envs' episodes are replayed exactly, so results
+    /// stay right, but a plugin that needs it should be seen).
+    #[serde(default)]
+    pub env_recoveries: usize,
+    /// This step's recoveries in words (rebuilt instances, batched calls
+    /// run again, replayed episodes, batching turned off) and the first
+    /// cause since the run started; absent when nothing was recovered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered: Option<String>,
     pub response_tokens: f64,
     /// Share of replies in the expected format, whatever their actions.
     #[serde(default)]

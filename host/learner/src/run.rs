@@ -21,7 +21,7 @@ use anyhow::{Context, Result, bail};
 use ragen_agent::{Policy, RolloutConfig, RolloutMetrics, RolloutRunner, Trajectory, Usage, summarize};
 use ragen_ops::TrainBackend;
 use ragen_policy::PluginTokenizer;
-use ragen_runtime::{EnvSpec, Plugin, next_seed};
+use ragen_runtime::{EnvSpec, Plugin, Recoveries, next_seed};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -264,6 +264,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     fn step(&mut self, step: u64) -> Result<StepMetrics> {
         let config = self.config;
         let warm_steps = config.warm_start.steps;
+        let recovered_before = self.recoveries()?;
         let mut m = if step < warm_steps { self.warm_step(step)? } else { self.rl_step(step, step - warm_steps)? };
         let due = (step + 1).is_multiple_of(config.test_freq.max(1)) || step + 1 == config.total_steps() || step == 0;
         // The warm start's last step is validated too: the warm start
@@ -274,10 +275,24 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
         if !m.warm_start {
             m.collapse_alarm = self.alarm.check(m.reward_std_before_filter, m.entropy, m.success);
         }
+        let recovered = self.recoveries()?.since(&recovered_before);
+        m.env_recoveries = recovered.rebuilt_instances;
+        m.recovered = recovered.any().then(|| recovered.to_string());
         let file = self.metrics_file.as_mut().expect("the metrics file is open");
         writeln!(file, "{}", serde_json::to_string(&m)?).context("cannot append to metrics.jsonl")?;
         file.flush().context("cannot append to metrics.jsonl")?;
         Ok(m)
+    }
+
+    /// What the run's env pools (training, validation, demonstrations)
+    /// recovered from since the run started.
+    fn recoveries(&self) -> Result<Recoveries> {
+        let mut all = self.runner.recoveries()?;
+        all.add(&self.val_runner.recoveries()?);
+        if let Some(warm) = &self.warm {
+            all.add(&warm.recoveries()?);
+        }
+        Ok(all)
     }
 
     /// A step of reinforcement learning (the `rl_step`-th): rollouts, the

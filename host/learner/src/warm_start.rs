@@ -56,6 +56,11 @@ impl WarmStart {
 
     /// The demonstrations of warm-start step `step` of a run seeded with
     /// `seed`, as played here (in the demonstrator's tokens).
+    /// What the demonstrations' env pool recovered from so far.
+    pub(crate) fn recoveries(&self) -> Result<ragen_runtime::Recoveries> {
+        self.runner.recoveries()
+    }
+
     pub(crate) fn play(&self, seed: u64, step: u64) -> Result<Vec<Trajectory>> {
         match &self.source {
             Source::Oracle => {

@@ -37,7 +37,7 @@ pub use cache::{CACHE_DIR_VAR, CompileCache, NO_CACHE_VAR};
 pub use contract::{CONTRACT_PACKAGE, CONTRACT_VERSION, ContractVersion};
 pub use instance::{EnvHandle, PluginInstance};
 pub use plugin::Plugin;
-pub use pool::{EnvFailure, EnvPool, FailureKind, PoolConfig, PoolStats, PoolStep, next_seed};
+pub use pool::{EnvFailure, EnvPool, FailureKind, PoolConfig, PoolStats, PoolStep, Recoveries, next_seed};
 pub use reported::ReportLimits;
 pub use sandbox::{Fault, FaultKind, SandboxLimits};
 pub use spec_check::{ACTION_SEPARATOR, Problem, RESERVED_IN_ACTION_NAMES, Severity, action_name_key};

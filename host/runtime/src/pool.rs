@@ -144,13 +144,90 @@ impl EnvFailure {
 
 impl std::error::Error for EnvFailure {}
 
+/// What the pool did to keep going after a plugin's faults, since it
+/// started. Recovery is exact (replays land in the same states, a faulted
+/// batch is run again call by call), so results stay right; but each one
+/// costs time, and a plugin that needs them should be seen, not hidden:
+/// `bench`, `eval` and `train` report these.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Recoveries {
+    /// Instances replaced after a fault.
+    pub rebuilt_instances: usize,
+    /// Batched calls that faulted (a trap, a timeout, a short result) and
+    /// were run again one call per env.
+    pub batch_faults: usize,
+    /// Instances whose batching was turned off because a batch ran out of
+    /// time: from then on they make one call per env.
+    pub batching_off: usize,
+    /// Running episodes of other envs replayed into a new instance.
+    pub replayed_episodes: usize,
+    /// The first recovery's cause, quoted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first: Option<String>,
+}
+
+impl Recoveries {
+    /// Whether anything was recovered.
+    pub fn any(&self) -> bool {
+        self.rebuilt_instances + self.batch_faults + self.batching_off > 0
+    }
+
+    /// Add `other`'s counts; the first cause stays the earliest seen.
+    pub fn add(&mut self, other: &Recoveries) {
+        self.rebuilt_instances += other.rebuilt_instances;
+        self.batch_faults += other.batch_faults;
+        self.batching_off += other.batching_off;
+        self.replayed_episodes += other.replayed_episodes;
+        if self.first.is_none() {
+            self.first.clone_from(&other.first);
+        }
+    }
+
+    /// What changed since `earlier` (counts only; the first cause is this one's).
+    pub fn since(&self, earlier: &Recoveries) -> Recoveries {
+        Recoveries {
+            rebuilt_instances: self.rebuilt_instances - earlier.rebuilt_instances,
+            batch_faults: self.batch_faults - earlier.batch_faults,
+            batching_off: self.batching_off - earlier.batching_off,
+            replayed_episodes: self.replayed_episodes - earlier.replayed_episodes,
+            first: self.first.clone(),
+        }
+    }
+}
+
+impl fmt::Display for Recoveries {
+    /// `2 instances rebuilt, 1 batched call run again call by call, 14
+    /// episodes replayed; batching turned off on 1 instance (...); the
+    /// first: ...`, or `none`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.any() {
+            return write!(f, "none");
+        }
+        let count = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        write!(
+            f,
+            "{} rebuilt, {} again call by call, {} replayed",
+            count(self.rebuilt_instances, "instance", "instances"),
+            count(self.batch_faults, "batched call run", "batched calls run"),
+            count(self.replayed_episodes, "episode", "episodes"),
+        )?;
+        if self.batching_off > 0 {
+            write!(f, "; batching turned off on {} (a batch ran out of time)", count(self.batching_off, "instance", "instances"))?;
+        }
+        if let Some(first) = &self.first {
+            write!(f, "; the first: {first}")?;
+        }
+        Ok(())
+    }
+}
+
 /// Pool-wide counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     pub envs: usize,
     pub instances: usize,
-    /// Instances replaced after faults since the pool started.
-    pub restarts: usize,
+    /// What the pool did to recover from faults since it started.
+    pub recoveries: Recoveries,
     /// Linear memory held by all instances, in bytes.
     pub memory_bytes: usize,
     /// Instances whose envs are reset and stepped through the plugin's
@@ -295,7 +372,7 @@ impl EnvPool {
             let s = rx.recv().context("a pool worker has died")?;
             total.envs += s.envs;
             total.instances += s.instances;
-            total.restarts += s.restarts;
+            total.recoveries.add(&s.recoveries);
             total.memory_bytes += s.memory_bytes;
             total.batched_instances += s.batched_instances;
         }
@@ -385,7 +462,10 @@ fn run_worker(mut shards: Vec<Shard>, per_instance: usize, autoreset: bool, jobs
                 let _ = reply.send(PoolStats {
                     envs,
                     instances: shards.len(),
-                    restarts: shards.iter().map(|s| s.restarts).sum(),
+                    recoveries: shards.iter().fold(Recoveries::default(), |mut all, s| {
+                        all.add(&s.recoveries);
+                        all
+                    }),
                     memory_bytes: shards.iter().map(|s| s.memory_bytes()).sum(),
                     batched_instances: shards.iter().filter(|s| s.batched()).count(),
                 });

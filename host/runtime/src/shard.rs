@@ -24,7 +24,7 @@ use crate::bindings::exports::ragen::env::environment::StepResult;
 use crate::bindings::ragen::env::types::{Action, ActionSpace, EnvError, ErrorKind};
 use crate::instance::{EnvHandle, PluginInstance};
 use crate::plugin::Plugin;
-use crate::pool::{Call, EnvFailure, FailureKind, PoolStep};
+use crate::pool::{Call, EnvFailure, FailureKind, PoolStep, Recoveries};
 use crate::sandbox::Fault;
 use std::sync::Arc;
 
@@ -72,8 +72,8 @@ pub(crate) struct Shard {
     settings: Arc<Vec<(String, String)>>,
     instance: PluginInstance,
     slots: Vec<Slot>,
-    /// Instances replaced after a fault.
-    pub(crate) restarts: usize,
+    /// What this shard did to recover from faults.
+    pub(crate) recoveries: Recoveries,
     /// Whether to use the plugin's batched calls (off for plugins without
     /// them, by configuration, or after a batch ran out of time).
     batched: bool,
@@ -103,7 +103,7 @@ impl Shard {
             slots.push(Slot { id, handle: Some(handle), episode: Episode::Fresh });
         }
         let batched = batched && plugin.has_batch();
-        Ok(Self { plugin, settings, instance, slots, restarts: 0, batched, space: None })
+        Ok(Self { plugin, settings, instance, slots, recoveries: Recoveries::default(), batched, space: None })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -132,6 +132,7 @@ impl Shard {
     fn fault(&mut self, slot: usize, seed: Option<u64>, fault: Fault) -> EnvFailure {
         self.slots[slot].episode = Episode::Failed { seed, why: fault.message.clone() };
         let failure = self.failure(slot, seed, FailureKind::Fault(fault.kind), fault.message);
+        self.recoveries.first.get_or_insert_with(|| failure.to_string());
         self.rebuild();
         failure
     }
@@ -275,9 +276,12 @@ impl Shard {
 
     /// A batched call faulted: restore the instance as it was before the
     /// batch, and stop batching if the batch merely ran out of time.
-    fn batch_faulted(&mut self, fault: &Fault) {
+    fn batch_faulted(&mut self, call: &str, fault: &Fault) {
+        self.recoveries.batch_faults += 1;
+        self.recoveries.first.get_or_insert_with(|| format!("a batched {call} faulted ({}: {})", fault.kind.as_str(), fault.message));
         if fault.kind == crate::FaultKind::Timeout {
             self.batched = false;
+            self.recoveries.batching_off += 1;
         }
         self.rebuild();
     }
@@ -316,7 +320,7 @@ impl Shard {
             }
             Err(fault) => {
                 // Rebuild to the state before the batch, then one by one.
-                self.batch_faulted(&fault);
+                self.batch_faulted("reset-many", &fault);
                 for (pos, slot, seed, _) in ready {
                     out.push((pos, self.reset(slot, seed).map(|obs| as_step(obs, seed))));
                 }
@@ -345,7 +349,7 @@ impl Shard {
             }
             Err(fault) => {
                 // Rebuild to the state before the batch, then one by one.
-                self.batch_faulted(&fault);
+                self.batch_faulted("step-many", &fault);
                 for (pos, slot, _, action) in ready {
                     out.push((pos, self.step(slot, action, false)));
                 }
@@ -404,7 +408,7 @@ impl Shard {
     /// loses its episode and the rebuild starts over without it; each pass
     /// removes at least one episode, so this ends.
     fn rebuild(&mut self) {
-        self.restarts += 1;
+        self.recoveries.rebuilt_instances += 1;
         'attempt: loop {
             let Ok(mut instance) = self.plugin.instantiate() else {
                 for slot in &mut self.slots {
@@ -427,7 +431,10 @@ impl Shard {
                 };
                 self.slots[i].handle = Some(handle);
                 let replayed = match &self.slots[i].episode {
-                    Episode::Running { seed, actions } => Self::replay(&mut instance, handle, *seed, actions),
+                    Episode::Running { seed, actions } => {
+                        self.recoveries.replayed_episodes += 1;
+                        Self::replay(&mut instance, handle, *seed, actions)
+                    }
                     // Over: recreate fresh but remember the seed, so
                     // autoreset continues the same schedule.
                     _ => Ok(()),

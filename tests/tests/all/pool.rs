@@ -141,7 +141,7 @@ fn contained(fault: &str, limits: SandboxLimits, expect: FailureKind, in_reset: 
     }
     let stats = pool.stats().unwrap();
     if !matches!(expect, FailureKind::InvalidOutput) {
-        assert!(stats.restarts >= 1, "the broken instance was replaced");
+        assert!(stats.recoveries.rebuilt_instances >= 1, "the broken instance was replaced");
     }
     assert!(started.elapsed() < Duration::from_secs(60), "fault handling took {:?}", started.elapsed());
 }
@@ -271,7 +271,21 @@ fn a_batch_that_runs_out_of_time_turns_batching_off_for_its_instance() {
     for (i, r) in out.iter().enumerate() {
         assert_eq!(r.as_ref().err().map(|f| f.kind), (i % 4 == 3).then_some(FailureKind::Fault(FaultKind::Timeout)), "env {i}");
     }
-    assert_eq!(pool.stats().unwrap().batched_instances, 0);
+    let stats = pool.stats().unwrap();
+    assert_eq!(stats.batched_instances, 0);
+    // Every recovery is counted: the batch's rebuild replays all 16
+    // running episodes; then each of the 4 hanging envs, alone, faults and
+    // its rebuild replays the episodes still running (15, 14, 13, 12).
+    let r = &stats.recoveries;
+    assert_eq!((r.batch_faults, r.batching_off, r.rebuilt_instances, r.replayed_episodes), (1, 1, 5, 16 + 15 + 14 + 13 + 12), "{r}");
+    let first = r.first.as_deref().unwrap();
+    assert!(first.contains("a batched step-many faulted (timeout"), "{first}");
+    assert!(
+        r.to_string().contains(
+            "5 instances rebuilt, 1 batched call run again call by call, 70 episodes replayed; batching turned off on 1 instance"
+        ),
+        "{r}"
+    );
 }
 
 #[test]
@@ -281,7 +295,18 @@ fn a_trap_inside_a_batch_keeps_batching_on() {
     let pool = EnvPool::new(faulty("trap-in-reset", quick()), &config(16, 1, 16)).unwrap();
     let out = pool.reset_all(&(0..16).collect::<Vec<u64>>()).unwrap();
     assert!(out.iter().enumerate().all(|(i, r)| r.is_err() == (i % 4 == 3)), "{out:?}");
-    assert_eq!(pool.stats().unwrap().batched_instances, 1);
+    let stats = pool.stats().unwrap();
+    assert_eq!(stats.batched_instances, 1);
+    // The batch's rebuild has no running episode to replay; the 4 trapping
+    // resets, alone, each rebuild and replay those started before them
+    // (3, 6, 9, 12).
+    let r = &stats.recoveries;
+    assert_eq!((r.batch_faults, r.batching_off, r.rebuilt_instances, r.replayed_episodes), (1, 0, 5, 3 + 6 + 9 + 12), "{r}");
+    assert!(r.first.as_deref().unwrap().contains("a batched reset-many faulted (trap"), "{r}");
+    // A healthy pool recovers nothing.
+    let healthy = EnvPool::new(shipped("bandit"), &config(8, 1, 8)).unwrap();
+    healthy.reset_all(&(0..8).collect::<Vec<u64>>()).unwrap();
+    assert_eq!(healthy.stats().unwrap().recoveries, ragen_runtime::Recoveries::default());
 }
 
 /// The oracle through the pool: the native env's answer, the episode rules

@@ -8,8 +8,9 @@ use crate::output::{errln, print_report};
 use crate::shipped::Twin;
 use anyhow::{Context, Result, anyhow, bail};
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
-use ragen_runtime::{EnvPool, Plugin, PoolConfig};
+use ragen_runtime::{EnvFailure, EnvPool, Plugin, PoolConfig};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -107,9 +108,10 @@ impl BenchCommand {
         print_report(&report, self.json, Report::to_text)?;
         if report.failures > 0 {
             errln!(
-                "error: {} env calls failed during the bench, so its rates are not the plugin's; \
-                 `ragen-host validate {}` says why",
+                "error: {} env calls failed during the bench ({}), so its rates are not the plugin's; \
+                 `ragen-host validate {}` checks the plugin call by call",
                 report.failures,
+                crate::term::escape(&report.failure_summary()),
                 self.file
             );
             return Ok(ExitCode::FAILURE);
@@ -175,6 +177,45 @@ pub struct Report {
     pub linear_memory_bytes_per_env: f64,
     /// Failed env calls during the run (0 for a healthy plugin).
     pub failures: usize,
+    /// Those failures counted by kind (`trap`, `timeout`, `invalid output`, ...).
+    pub failure_kinds: BTreeMap<String, usize>,
+    /// The first failure, quoted whole: which env, which seed, and why.
+    pub first_failure: Option<String>,
+    /// What the pool did to recover from those faults: rebuilt instances,
+    /// batched calls run again call by call, batching turned off. Each
+    /// costs time: the sandboxed rates include it.
+    pub recoveries: ragen_runtime::Recoveries,
+}
+
+/// Failed env calls as a bench meets them: a count per kind and the first
+/// one's message, so a failing bench says why, not only how often.
+#[derive(Default)]
+struct Failures {
+    by_kind: BTreeMap<String, usize>,
+    first: Option<String>,
+}
+
+impl Failures {
+    /// Count the failures among one call's results.
+    fn count<T>(&mut self, results: &[Result<T, EnvFailure>]) {
+        for failure in results.iter().filter_map(|r| r.as_ref().err()) {
+            *self.by_kind.entry(failure.kind_name()).or_default() += 1;
+            self.first.get_or_insert_with(|| failure.to_string());
+        }
+    }
+
+    fn total(&self) -> usize {
+        self.by_kind.values().sum()
+    }
+}
+
+impl Report {
+    /// `12 trap, 3 timeout; the first: plugin `x`, env 3, seed 7: trap: ...`
+    fn failure_summary(&self) -> String {
+        let kinds: Vec<String> = self.failure_kinds.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
+        let first = self.first_failure.as_deref().map(|f| format!("; the first: {f}")).unwrap_or_default();
+        format!("{}{first}", kinds.join(", "))
+    }
 }
 
 fn resident_bytes() -> usize {
@@ -232,7 +273,10 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
         resident_bytes_per_instance: probe.resident_bytes_per_instance,
         resident_bytes_per_env: pool.resident_bytes_per_env,
         linear_memory_bytes_per_env: pool.stats.memory_bytes as f64 / opts.envs as f64,
-        failures: pool.failures,
+        failures: pool.failures.total(),
+        failure_kinds: pool.failures.by_kind,
+        first_failure: pool.failures.first,
+        recoveries: pool.recoveries,
     })
 }
 
@@ -288,7 +332,8 @@ struct PoolRates {
     rates: Rates,
     stats: ragen_runtime::PoolStats,
     resident_bytes_per_env: f64,
-    failures: usize,
+    failures: Failures,
+    recoveries: ragen_runtime::Recoveries,
 }
 
 fn pool_rates(plugin: &Arc<Plugin>, opts: &Options, num_actions: usize, budget: Duration) -> Result<PoolRates> {
@@ -303,11 +348,10 @@ fn pool_rates(plugin: &Arc<Plugin>, opts: &Options, num_actions: usize, budget: 
     let pool = EnvPool::new(plugin.clone(), &config)?;
     let stats = pool.stats()?;
     let n = opts.envs;
-    let mut failures = 0;
+    let mut failures = Failures::default();
     let resets = rate(budget, |round| {
         let seeds: Vec<u64> = (0..n as u64).map(|i| round * n as u64 + i).collect();
-        let out = pool.reset_all(&seeds)?;
-        failures += out.iter().filter(|r| r.is_err()).count();
+        failures.count(&pool.reset_all(&seeds)?);
         Ok(n)
     })?;
     // Resident memory once every env holds a running episode.
@@ -315,11 +359,11 @@ fn pool_rates(plugin: &Arc<Plugin>, opts: &Options, num_actions: usize, budget: 
     let mut rng = SeedRng::new(1);
     let steps = rate(budget, |_| {
         let actions: Vec<u32> = (0..n).map(|_| rng.below(num_actions) as u32).collect();
-        let out = pool.step_all(&actions)?;
-        failures += out.iter().filter(|r| r.is_err()).count();
+        failures.count(&pool.step_all(&actions)?);
         Ok(n)
     })?;
-    Ok(PoolRates { rates: Rates { resets_per_sec: resets, steps_per_sec: steps }, stats, resident_bytes_per_env, failures })
+    let recoveries = pool.stats()?.recoveries;
+    Ok(PoolRates { rates: Rates { resets_per_sec: resets, steps_per_sec: steps }, stats, resident_bytes_per_env, failures, recoveries })
 }
 
 /// The same workload on the env compiled natively: `opts.envs` envs split
@@ -404,7 +448,10 @@ impl Report {
             self.component_bytes as f64 / (1 << 20) as f64
         );
         if self.failures > 0 {
-            s += &format!("  failures   {} env calls failed during the run\n", self.failures);
+            s += &format!("  failures   {} env calls failed during the run: {}\n", self.failures, self.failure_summary());
+        }
+        if self.recoveries.any() {
+            s += &format!("  recovered  {}\n", self.recoveries);
         }
         s
     }

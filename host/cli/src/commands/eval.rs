@@ -193,6 +193,9 @@ pub struct Report {
     pub failures: usize,
     /// Every episode an env failure cut short.
     pub failed: Vec<FailedEpisode>,
+    /// What the env pool did to recover from the plugin's faults (the
+    /// other episodes are replayed exactly, so the results stand).
+    pub recoveries: ragen_runtime::Recoveries,
     #[serde(skip)]
     pub sample: Vec<Trajectory>,
 }
@@ -291,6 +294,7 @@ pub fn eval(opts: Options) -> Result<Report> {
                 Some(FailedEpisode { env: t.env, seed: t.seed, kind: t.failure_kind.clone().unwrap_or_default(), message })
             })
             .collect(),
+        recoveries: runner.recoveries()?,
         sample: ts.into_iter().take(2).collect(),
     })
 }
@@ -339,6 +343,9 @@ impl Report {
             for f in self.failed.iter().take(3) {
                 s += &format!("    seed {} ({}): {}\n", f.seed, f.kind, f.message);
             }
+        }
+        if self.recoveries.any() {
+            s += &format!("  recovered    {}\n", self.recoveries);
         }
         if let Some(t) = self.sample.first() {
             s += &format!("\nA sample episode (seed {}):\n{}", t.seed, t.transcript());

@@ -114,12 +114,12 @@ pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
         (false, CompileCache::Dir(_)) => "compiled",
     };
     let mut inst = plugin.instantiate()?;
-    let info = inst.info().with_context(|| format!("`{}` trapped in info()", file.display()))?;
+    let info = inst.info().with_context(|| format!("`{}`: its info() call failed", file.display()))?;
     let env = inst
         .create(settings)
-        .with_context(|| format!("`{}` trapped in create()", file.display()))?
+        .with_context(|| format!("`{}`: its create() call failed", file.display()))?
         .map_err(|e| anyhow!("the plugin rejected the settings: {}", e.message))?;
-    let spec = inst.spec(env).with_context(|| format!("`{}` trapped in spec()", file.display()))?;
+    let spec = inst.spec(env).with_context(|| format!("`{}`: its spec() call failed", file.display()))?;
     Ok(Report {
         file: file.display().to_string(),
         size_bytes: plugin.size_bytes(),

@@ -296,6 +296,8 @@ impl Progress {
         self.bar.set_position(m.step + 1);
         let val = m.val_success.map(|v| format!(" val {:.1}%", 100.0 * v)).unwrap_or_default();
         let failed = if m.failed_episodes > 0 { format!(" failed {}", m.failed_episodes) } else { String::new() };
+        let recovered: usize = self.seen.iter().map(|m| m.env_recoveries).sum();
+        let failed = if recovered > 0 { format!("{failed} recovered {recovered}") } else { failed };
         let phase = if m.warm_start { format!("warm start: loss {:.3} ", m.policy_loss) } else { String::new() };
         self.bar.set_message(format!(
             "{phase}success {:.1}% reward {:.2} std {:.2} entropy {:.2}{val}{failed}",
@@ -322,6 +324,9 @@ impl Progress {
                 m.episodes,
                 crate::term::escape(first)
             ));
+        }
+        if let Some(recovered) = &m.recovered {
+            self.warn(format!("warning at step {}: the env pool recovered from plugin faults: {}", m.step, crate::term::escape(recovered)));
         }
         if let Some(skipped) = &m.skipped {
             self.warn(format!("warning at step {}: update skipped: {}", m.step, crate::term::escape(skipped)));

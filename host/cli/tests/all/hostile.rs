@@ -75,6 +75,28 @@ fn control_sequences_from_a_plugin_never_reach_the_terminal() {
 }
 
 #[test]
+fn direction_controls_from_a_plugin_are_shown_not_obeyed() {
+    // The configurable plugin appends `text` to its instructions, action
+    // names and observations: here a right-to-left override, an isolate
+    // pair and a zero-width space.
+    let file = faulty("configurable");
+    let file = file.to_str().unwrap();
+    let text = "text=|\u{202e}evil\u{2066}x\u{2069}\u{200b}|";
+    let hidden = |c: char| matches!(c, '\u{202e}' | '\u{2066}' | '\u{2069}' | '\u{200b}');
+    let (ok, shown) = crate::common::play(&[file, "--set", text], "A0\nquit\n");
+    assert!(ok, "{shown}");
+    let (_, eval) = run(&["eval", "--env", file, "--policy", "random", "--episodes", "2", "--set", text], Duration::from_secs(60));
+    for (what, all) in [("play", &shown), ("eval", &eval)] {
+        assert!(!all.chars().any(hidden), "{what}: a direction control reached the terminal:\n{all}");
+        assert!(all.contains("count: ") && all.contains("|\\u{202e}evil\\u{2066}x\\u{2069}\\u{200b}|"), "{what}: shown as escapes:\n{all}");
+    }
+    // JSON keeps the text exact.
+    let (out, _) = run(&["inspect", file, "--set", text, "--json"], Duration::from_secs(60));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v.to_string().contains("|\u{202e}evil\u{2066}x\u{2069}\u{200b}|"), "{v}");
+}
+
+#[test]
 fn absurd_rewards_fail_their_episode_and_summaries_stay_finite() {
     let file = faulty("huge-reward");
     let (out, all) =
@@ -157,6 +179,36 @@ fn some_failing_episodes_are_counted_and_shown_but_do_not_stop_training() {
     assert!(failed.iter().all(|f| f % 4 == 0), "whole groups of 4 fail: {failed:?}");
     assert!(failed.iter().sum::<u64>() > 0, "seed 0 strikes at least one group in 3 steps: {failed:?}");
     assert!(all.contains("episodes failed; the first:") && all.contains("deliberate trap in reset"), "{all}");
+    // The traps inside batched resets were recovered from, and that is
+    // said: per step in metrics.jsonl, and on the terminal.
+    let recovered: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|m| m["env_recoveries"].as_u64() > Some(0))
+        .collect();
+    assert!(!recovered.is_empty(), "{metrics}");
+    assert!(recovered.iter().all(|m| m["recovered"].as_str().unwrap().contains(" rebuilt, ")), "{metrics}");
+    assert!(all.contains("the env pool recovered from plugin faults:") && all.contains("a batched reset-many faulted (trap"), "{all}");
+}
+
+#[test]
+fn recovery_from_a_fault_in_a_batched_call_is_reported_by_eval() {
+    // trap-in-reset traps on seeds 3 mod 4, inside the batched reset of
+    // the instance that holds those envs.
+    let file = faulty("trap-in-reset");
+    let file = file.to_str().unwrap();
+    let (out, all) = run(&["eval", "--env", file, "--policy", "random", "--episodes", "8", "--json"], Duration::from_secs(60));
+    assert!(out.status.success(), "{all}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &v["recoveries"];
+    assert!(r["batch_faults"].as_u64() >= Some(1) && r["rebuilt_instances"].as_u64() >= Some(2), "{v}");
+    assert!(r["first"].as_str().unwrap().contains("deliberate trap in reset"), "{v}");
+    let (_, text) = run(&["eval", "--env", file, "--policy", "random", "--episodes", "8"], Duration::from_secs(60));
+    assert!(text.contains("  recovered    ") && text.contains(" rebuilt, "), "{text}");
+    // A healthy plugin recovers nothing, and says nothing of it.
+    let bandit = crate::common::plugin("bandit");
+    let (out, all) = run(&["eval", "--env", bandit.to_str().unwrap(), "--policy", "random", "--episodes", "8"], Duration::from_secs(60));
+    assert!(out.status.success() && !all.contains("recovered"), "{all}");
 }
 
 #[test]
@@ -191,7 +243,13 @@ fn observations_far_over_the_cap_fail_fast_everywhere() {
     let file = faulty("huge-observation");
     let file = file.to_str().unwrap();
     refused(&["validate", file], "exceeds the cap of 65536 bytes");
-    refused(&["bench", file, "--envs", "8", "--seconds", "0.2"], "env calls failed during the bench");
+    // bench says why, not only how often: the count by kind and the first failure.
+    refused(&["bench", file, "--envs", "8", "--seconds", "0.2"], "env calls failed during the bench (");
+    refused(&["bench", file, "--envs", "8", "--seconds", "0.2"], "invalid output; the first: plugin `");
+    let (out, all) = run(&["bench", file, "--envs", "8", "--seconds", "0.2", "--json"], Duration::from_secs(60));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {all}"));
+    assert_eq!(v["failure_kinds"]["invalid output"], v["failures"], "{v}");
+    assert!(v["first_failure"].as_str().unwrap().contains("exceeds the cap"), "{v}");
     let (out, all) = run(&["eval", "--env", file, "--policy", "random", "--episodes", "4", "--json"], Duration::from_secs(60));
     assert!(out.status.success(), "{all}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -204,6 +262,12 @@ fn a_stack_overflow_is_named_as_such() {
     let file = faulty("stack-overflow");
     let file = file.to_str().unwrap();
     refused(&["validate", file], "the plugin overflowed its stack");
+    refused(&["bench", file, "--envs", "8", "--seconds", "0.2"], "the plugin overflowed its stack");
+    // The overflow inside batched steps was recovered from, and bench says so.
+    refused(&["bench", file, "--envs", "8", "--seconds", "0.2"], "a batched step-many faulted (trap");
+    let (out, _) = run(&["bench", file, "--envs", "8", "--seconds", "0.2", "--json"], Duration::from_secs(60));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["recoveries"]["batch_faults"].as_u64() >= Some(1) && v["recoveries"]["replayed_episodes"].as_u64() >= Some(1), "{v}");
     let (out, all) = run(&["eval", "--env", file, "--policy", "random", "--episodes", "8", "--json"], Duration::from_secs(60));
     assert!(out.status.success(), "{all}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
