@@ -41,7 +41,7 @@
 use crate::config::TrainConfig;
 use crate::trainee::{Chat, Scratch, Trainee};
 use crate::update::Learner;
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
@@ -79,6 +79,31 @@ impl RunDir {
     /// The checkpoint with the best validation success so far.
     pub fn best(&self) -> PathBuf {
         self.0.join("checkpoint-best")
+    }
+
+    /// Hold the run directory for as long as the returned file lives: a
+    /// second `train` into the same directory would interleave two runs'
+    /// checkpoints and `metrics.jsonl`, so it is refused while this one
+    /// runs. The lock is the operating system's (`flock` on `.lock`), so it
+    /// goes with the process however that ends, `SIGKILL` included, and a
+    /// stale `.lock` file holds nothing.
+    pub fn lock(&self) -> Result<std::fs::File> {
+        let path = self.0.join(".lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open `{}` to hold the run directory", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => bail!(
+                "`{}` is in use: another `train` is writing to it (it holds `{}`); wait for that run to end, or pass another --out",
+                self.0.display(),
+                path.display()
+            ),
+            Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("cannot lock `{}`", path.display())),
+        }
     }
 }
 
@@ -505,6 +530,19 @@ mod tests {
         assert_eq!(step_of(&latest(&target)), 2);
         assert!(!target.with_extension("old").exists());
         std::fs::remove_dir_all(&run).unwrap();
+    }
+
+    #[test]
+    fn a_run_directory_is_held_by_one_run_at_a_time() {
+        let dir = scratch_dir("lock");
+        let run = RunDir(dir.clone());
+        let held = run.lock().unwrap();
+        let err = format!("{:#}", run.lock().unwrap_err());
+        assert!(err.contains("is in use: another `train` is writing to it") && err.contains("another --out"), "{err}");
+        // Released with the file (as when the process ends): the next run may start.
+        drop(held);
+        drop(run.lock().unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -162,6 +162,8 @@ struct Played {
 struct Run<'c, B: TrainBackend, T: Trainee<B>> {
     config: &'c TrainConfig,
     dir: RunDir,
+    /// Holds `dir` for this run (see [`RunDir::lock`]).
+    _lock: std::fs::File,
     runner: RolloutRunner,
     val_runner: RolloutRunner,
     /// The warm start's demonstrations, when the config has one.
@@ -200,6 +202,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     ) -> Result<Self> {
         let resolved = config.resolve()?;
         std::fs::create_dir_all(out).with_context(|| format!("cannot create the run directory `{}`", out.display()))?;
+        let lock = RunDir(out.to_path_buf()).lock()?;
         let settings = config.agent.env_settings(&[]);
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let rollout = &config.agent.rollout;
@@ -212,6 +215,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
         Ok(Self {
             config,
             dir: RunDir(out.to_path_buf()),
+            _lock: lock,
             runner,
             val_runner,
             warm,
