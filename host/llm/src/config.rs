@@ -54,8 +54,49 @@ impl LlmConfig {
         self.vocab_size * d + self.n_layers * layer + d + output
     }
 
+    /// [`parameter_count`](Self::parameter_count) without overflow: `None`
+    /// when the shape's arithmetic does not fit in 64 bits.
+    fn checked_parameter_count(&self) -> Option<u64> {
+        let (d, f) = (self.hidden_size as u64, self.intermediate_size as u64);
+        let q = (self.n_heads as u64).checked_mul(self.head_dim as u64)?;
+        let kv = (self.n_kv_heads as u64).checked_mul(self.head_dim as u64)?;
+        let qkv = q.checked_add(kv.checked_mul(2)?)?;
+        let layer = d.checked_mul(qkv)?.checked_add(qkv)?.checked_add(q.checked_mul(d)?)?.checked_add(d.checked_mul(f)?.checked_mul(3)?)?;
+        let embedding = (self.vocab_size as u64).checked_mul(d)?;
+        embedding.checked_mul(2)?.checked_add((self.n_layers as u64).checked_mul(layer.checked_add(d.checked_mul(2)?)?)?)
+    }
+
+    /// Refuse a shape no model has: the file is damaged or not a model.
+    /// Every number is read from a file someone else wrote, and everything
+    /// after this allocates by them.
     fn check(self) -> Result<Self> {
-        ensure!(self.n_layers > 0 && self.hidden_size > 0 && self.vocab_size > 0, "the model has no layers, width or vocabulary: {self:?}");
+        let bounded = [
+            ("vocabulary size", self.vocab_size, 1 << 24),
+            ("hidden size", self.hidden_size, 1 << 17),
+            ("feed-forward size", self.intermediate_size, 1 << 20),
+            ("layer count", self.n_layers, 1 << 12),
+            ("attention head count", self.n_heads, 1 << 12),
+            ("key/value head count", self.n_kv_heads, 1 << 12),
+            ("head width", self.head_dim, 1 << 12),
+            ("context length", self.max_position_embeddings, 1 << 26),
+        ];
+        for (what, value, most) in bounded {
+            ensure!((1..=most).contains(&value), "the model's {what} is {value}, outside 1 to {most}: the file is damaged or not a model");
+        }
+        ensure!(
+            self.rope_theta.is_finite() && self.rope_theta > 0.0,
+            "the rotary base is {}, not a positive number: the file is damaged",
+            self.rope_theta
+        );
+        ensure!(
+            self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0,
+            "the norm epsilon is {}, not a small positive number: the file is damaged",
+            self.rms_norm_eps
+        );
+        ensure!(
+            self.checked_parameter_count().is_some_and(|n| n <= 1 << 40),
+            "a model of this shape would have over 10^12 parameters: the file is damaged or not a model ({self:?})"
+        );
         ensure!(
             self.n_kv_heads > 0 && self.n_heads.is_multiple_of(self.n_kv_heads),
             "{} attention heads cannot share {} key/value heads evenly",

@@ -300,6 +300,13 @@ impl Gguf {
             let n_dims = r.u32(&format!("tensor {name:?}'s rank"))?;
             ensure!(n_dims <= 4, "tensor {name:?} has {n_dims} dimensions (at most 4); the file is damaged");
             let dims = (0..n_dims).map(|_| r.u64(&format!("tensor {name:?}'s dimensions"))).collect::<Result<Vec<_>>>()?;
+            // No type packs more than two values in a byte: more values
+            // than that cannot be in the file, whatever its type says.
+            let values = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+            ensure!(
+                values.is_some_and(|n| n <= 2 * bytes.len() as u64),
+                "tensor {name:?} has dimensions {dims:?}, more values than the file could hold; the file is damaged"
+            );
             let id = r.u32(&format!("tensor {name:?}'s type"))?;
             let offset = r.u64(&format!("tensor {name:?}'s offset"))?;
             tensors.insert(name, TensorInfo { dims, kind: TensorType::from_id(id).ok_or(id), offset });
@@ -307,6 +314,12 @@ impl Gguf {
         let alignment = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(DEFAULT_ALIGNMENT).max(1);
         let data_start = r.at.div_ceil(alignment as usize) * alignment as usize;
         Ok(Self { path: path.to_path_buf(), version, metadata, tensors, bytes, data_start })
+    }
+
+    /// Where the tensor data begins: the bytes before it are the header
+    /// (metadata and the tensor table).
+    pub fn data_start(&self) -> usize {
+        self.data_start
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -333,8 +346,8 @@ impl Gguf {
         let size = kind
             .bytes_for(n)
             .with_context(|| format!("tensor {name:?} has {n} values, not a whole number of {kind:?} blocks; the file is damaged"))?;
-        let start = self.data_start as u64 + info.offset;
-        let end = start + size as u64;
+        let start = (self.data_start as u64).saturating_add(info.offset);
+        let end = start.saturating_add(size as u64);
         ensure!(
             end <= self.bytes.len() as u64,
             "tensor {name:?} lies at bytes {start}..{end} but {} has only {} bytes: it is truncated; download it again",

@@ -72,12 +72,28 @@ fn pre_tokenizer(pre: &str) -> Result<(Json, bool)> {
     })
 }
 
+/// A `tokenizers` tokenizer from the text of a `tokenizer.json`. The text
+/// comes from a file someone else wrote, and the `tokenizers` crate panics
+/// on some damaged files instead of returning an error (its decoder
+/// deserialisation unwraps), so the JSON is checked first and a panic
+/// inside the crate is turned into an error.
+fn build_tokenizer(text: &str) -> Result<tokenizers::Tokenizer, String> {
+    serde_json::from_str::<Json>(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    match std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>()) {
+        Ok(parsed) => parsed.map_err(|e| e.to_string()),
+        Err(_) => Err("the tokenizers crate could not read it (it panicked): the file is damaged".into()),
+    }
+}
+
 impl LlmTokenizer {
     /// From a Hugging Face directory: `tokenizer.json`, with the special
     /// tokens named in `tokenizer_config.json`.
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {
         let file = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| {
+        let text = std::fs::read_to_string(&file).with_context(|| {
+            format!("cannot read the tokenizer {}: the model directory needs the model's tokenizer.json", file.display())
+        })?;
+        let inner = build_tokenizer(&text).map_err(|e| {
             anyhow::anyhow!("cannot load the tokenizer {} ({e}): the model directory needs the model's tokenizer.json", file.display())
         })?;
         let config = read_json(&dir.join("tokenizer_config.json"))?;
@@ -142,8 +158,8 @@ impl LlmTokenizer {
                 "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges
             }
         });
-        let inner: tokenizers::Tokenizer =
-            spec.to_string().parse().map_err(|e| anyhow::anyhow!("the tokenizer in {} cannot be rebuilt: {e}", gguf.path.display()))?;
+        let inner = build_tokenizer(&spec.to_string())
+            .map_err(|e| anyhow::anyhow!("the tokenizer in {} cannot be rebuilt: {e}", gguf.path.display()))?;
         let special = |key: &str| -> Option<Special> {
             let id = gguf.get(key).and_then(Value::as_u64)? as u32;
             Some(Special { id, text: tokens.get(id as usize)?.clone() })

@@ -3,6 +3,7 @@
 //! One test binary for the crate (as wasmtime's `tests/all`): each binary
 //! links wasmtime and Burn, so one link instead of many.
 
+mod fuzz;
 mod gguf;
 mod loading;
 mod lora;
