@@ -706,3 +706,124 @@ mod tests {
         assert!(refused("[ppo]\nrollout_filter_type = \"big\"\n").contains("\"largest\" or \"smallest\""));
     }
 }
+
+/// Fuzzing the config: a TOML file is text someone else wrote, so any mix
+/// of keys and values parses and resolves, or is refused with an error,
+/// never a panic (`make fuzz` runs it longer).
+#[cfg(test)]
+mod fuzz {
+    use super::TrainConfig;
+    use proptest::prelude::*;
+
+    /// `[section] key`s a config may set, the numeric and named ones.
+    const KEYS: &[(&str, &str)] = &[
+        ("", "steps"),
+        ("", "test_freq"),
+        ("", "save_freq"),
+        ("", "val_episodes"),
+        ("", "max_failed_share"),
+        ("", "seed"),
+        ("rollout", "env_groups"),
+        ("rollout", "group_size"),
+        ("rollout", "max_turn"),
+        ("rollout", "max_context_window"),
+        ("sampling", "temperature"),
+        ("sampling", "max_new_tokens"),
+        ("sampling", "batch"),
+        ("ppo", "adv_estimator"),
+        ("ppo", "step_advantage_w"),
+        ("ppo", "gigpo_mode"),
+        ("ppo", "dynamic_sampling"),
+        ("ppo", "max_num_gen_batches"),
+        ("ppo", "overlong_buffer_len"),
+        ("ppo", "overlong_penalty_factor"),
+        ("ppo", "loss_agg_mode"),
+        ("ppo", "clip_ratio_low"),
+        ("ppo", "clip_ratio_high"),
+        ("ppo", "entropy_coeff"),
+        ("ppo", "kl_coef"),
+        ("ppo", "gamma"),
+        ("ppo", "lam"),
+        ("ppo", "grad_clip"),
+        ("ppo", "lr"),
+        ("ppo", "lr_scheduler_type"),
+        ("ppo", "lr_warmup_steps"),
+        ("ppo", "min_lr_ratio"),
+        ("ppo", "entropy_coeff_scheduler_type"),
+        ("ppo", "min_entropy_coeff_ratio"),
+        ("ppo", "rollout_filter_ratio"),
+        ("ppo", "rollout_filter_strategy"),
+        ("ppo", "rollout_filter_value"),
+        ("ppo", "rollout_filter_type"),
+        ("ppo", "rollout_filter_top_p_prob_mode"),
+        ("ppo", "ppo_epochs"),
+        ("ppo", "ppo_mini_batch_size"),
+        ("warm_start", "steps"),
+        ("warm_start", "episodes"),
+        ("warm_start", "epochs"),
+        ("warm_start", "mini_batch_size"),
+        ("warm_start", "lr"),
+        ("model", "d_model"),
+        ("model", "n_layers"),
+        ("model", "n_heads"),
+        ("lora", "rank"),
+        ("lora", "alpha"),
+    ];
+
+    /// TOML values at and past every sensible bound, and of the wrong type.
+    const VALUES: &[&str] = &[
+        "0",
+        "1",
+        "2",
+        "-1",
+        "64",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "0.0",
+        "0.5",
+        "1.0",
+        "1.5",
+        "-0.5",
+        "1e308",
+        "1e-300",
+        "nan",
+        "inf",
+        "-inf",
+        "true",
+        "\"x\"",
+        "\"grpo\"",
+        "\"gigpo\"",
+        "\"top_p\"",
+        "\"cosine\"",
+        "\"seq-mean-token-sum\"",
+        "[]",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(512),
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn any_config_resolves_or_is_refused_never_panics(
+            settings in prop::collection::vec((prop::sample::select(KEYS), prop::sample::select(VALUES)), 1..8)
+        ) {
+            // Top-level keys first, then one table per section, as TOML wants.
+            let mut text = String::new();
+            for ((_, key), value) in settings.iter().filter(|((section, _), _)| section.is_empty()) {
+                text += &format!("{key} = {value}\n");
+            }
+            for section in ["rollout", "sampling", "ppo", "warm_start", "model", "lora"] {
+                let lines: Vec<String> =
+                    settings.iter().filter(|((s, _), _)| *s == section).map(|((_, key), value)| format!("{key} = {value}\n")).collect();
+                if !lines.is_empty() {
+                    text += &format!("[{section}]\n{}", lines.concat());
+                }
+            }
+            if let Ok(config) = toml::from_str::<TrainConfig>(&text) {
+                let _ = config.resolve();
+            }
+        }
+    }
+}

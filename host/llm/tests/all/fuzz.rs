@@ -6,7 +6,8 @@
 //! from a valid tiny model and damages it: bytes overwritten in the
 //! header, little-endian integers planted where lengths and counts live,
 //! the file cut short; `config.json` keys set to zeros, negatives, huge
-//! numbers and wrong types; `tokenizer.json` with pieces cut out.
+//! numbers and wrong types; `tokenizer.json` with pieces cut out. Chat
+//! templates are assembled from pieces of Jinja, matched or not.
 //!
 //! `make test` runs a short pass (the cases below, plus every failure
 //! proptest saved under `proptest-regressions/`, re-run first); `make
@@ -195,5 +196,55 @@ proptest! {
             std::fs::write(&tokenizer, text).unwrap();
         }
         load(&model);
+    }
+}
+
+/// A chat template assembled from Jinja: leaves are text and the
+/// expressions chat templates use (and some that fail), nodes are loops,
+/// conditions and macros around them; mostly well-nested, sometimes with a
+/// stray tag, so both rendering and refusing are exercised.
+fn jinja() -> impl Strategy<Value = String> {
+    let leaves = [
+        "text ",
+        "\n",
+        "{{ messages | length }}",
+        "{{ m['content'] }}",
+        "{{ m.role | upper }}",
+        "{{ bos_token ~ eos_token }}",
+        "{{ messages[0]['content'].strip().split(' ') }}",
+        "{{ 'ab' * 3 }}",
+        "{{ raise_exception('no') }}",
+        "{{ 1 / 0 }}",
+        "{{ m | tojson }}",
+        "{{ loop.index }}",
+        "{% set ns = namespace(a='x') %}{% set ns.a = ns.a ~ ns.a %}{{ ns.a }}",
+        "{{ f(1) }}",
+        "{% endfor %}",
+        "{{",
+    ];
+    let leaf = prop::sample::select(leaves.to_vec()).prop_map(str::to_string);
+    leaf.prop_recursive(4, 32, 4, |inner| {
+        let body = prop::collection::vec(inner, 1..4).prop_map(|b| b.concat());
+        prop_oneof![
+            body.clone().prop_map(|b| format!("{{% for m in messages %}}{b}{{% endfor %}}")),
+            body.clone().prop_map(|b| format!("{{% for i in range(1000) %}}{b}{{% endfor %}}")),
+            body.clone().prop_map(|b| format!("{{% if add_generation_prompt %}}{b}{{% else %}}x{{% endif %}}")),
+            body.clone().prop_map(|b| format!("{{% macro f(n) %}}{b}{{{{ f(n) }}}}{{% endmacro %}}")),
+            body,
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    #[test]
+    fn any_chat_template_compiles_and_renders_or_is_refused_never_panics(source in jinja()) {
+        if let Ok(template) = ragen_llm::chat::ChatTemplate::new(&source, "<s>", "</s>") {
+            let messages = [ChatMessage::new(ragen_agent::Role::System, "be brief"), ChatMessage::new(ragen_agent::Role::User, "hi there")];
+            if let Ok(text) = template.render(&messages, true) {
+                prop_assert!(text.len() <= ragen_llm::chat::output_limit(&messages));
+            }
+        }
     }
 }
