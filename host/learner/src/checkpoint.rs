@@ -245,7 +245,7 @@ where
     let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
     let record = recorder
         .load(dir.join(OPTIMIZER), &learner.device)
-        .with_context(|| format!("cannot read the optimizer state from `{}`", dir.display()))?;
+        .with_context(|| format!("cannot read the optimizer state `{}.bin`: it is damaged or incomplete", dir.join(OPTIMIZER).display()))?;
     learner.optimizer = learner.optimizer.clone().load_record(record);
     if let Some(reference) = learner.reference.take() {
         learner.reference =
@@ -276,7 +276,12 @@ where
     M: PolicyNetwork<B> + AutodiffModule<B>,
 {
     let model = learner.model.take().expect("model present");
-    learner.model = Some(model.load_weights(&dir.join(MODEL), &learner.device).context("cannot read the checkpoint's model")?);
+    let file = dir.join(MODEL);
+    learner.model = Some(
+        model
+            .load_weights(&file, &learner.device)
+            .with_context(|| format!("cannot read the checkpoint's model `{}.bin`: it is damaged or incomplete", file.display()))?,
+    );
     Ok(())
 }
 

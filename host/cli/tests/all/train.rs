@@ -444,3 +444,68 @@ fn a_warm_start_from_a_file_replays_its_replies_through_this_env() {
     assert!(!out.status.success());
     assert!(text(&out).contains("/no/such/demos.jsonl") && text(&out).contains("\"oracle\""), "{}", text(&out));
 }
+
+/// A checkpoint is bytes on a disk that can fill, a copy that can be cut
+/// short, a file someone edited: each damage is refused with an error that
+/// names the file, never a panic, and resuming never starts from half a
+/// checkpoint.
+#[test]
+fn a_damaged_checkpoint_is_refused_naming_the_file() {
+    let dir = scratch("damaged-checkpoint");
+    let config = dir.join("small.toml");
+    std::fs::write(&config, SMALL.replace("steps = 6", "steps = 2")).unwrap();
+    let bandit = plugin("bandit");
+    let bandit = bandit.to_str().unwrap();
+    let good = dir.join("good");
+    let _ = std::fs::remove_dir_all(&good);
+    let out = ragen_host(&["train", "--env", bandit, "--config", config.to_str().unwrap(), "--out", good.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    type Damage = fn(&Path);
+    let cut_half: Damage = |f| {
+        let bytes = std::fs::read(f).unwrap();
+        std::fs::write(f, &bytes[..bytes.len() / 2]).unwrap();
+    };
+    let empty: Damage = |f| std::fs::write(f, b"").unwrap();
+    let scrambled: Damage = |f| {
+        let mut bytes = std::fs::read(f).unwrap();
+        for b in bytes.iter_mut().take(64) {
+            *b = 0xff;
+        }
+        std::fs::write(f, bytes).unwrap();
+    };
+    let not_json: Damage = |f| std::fs::write(f, b"{\"step\": ").unwrap();
+    let cases: [(&str, Damage, &str); 5] = [
+        ("model.bin", cut_half, "model.bin"),
+        ("model.bin", empty, "model.bin"),
+        ("model.bin", scrambled, "model.bin"),
+        ("state.json", not_json, "state.json"),
+        ("optimizer.bin", cut_half, "optimizer.bin"),
+    ];
+    for (k, (file, damage, named)) in cases.into_iter().enumerate() {
+        let run = dir.join(format!("damaged-{k}"));
+        let _ = std::fs::remove_dir_all(&run);
+        std::fs::create_dir_all(run.join("checkpoint")).unwrap();
+        for name in ["config.toml", "metrics.jsonl"] {
+            std::fs::copy(good.join(name), run.join(name)).unwrap();
+        }
+        for entry in std::fs::read_dir(good.join("checkpoint")).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), run.join("checkpoint").join(entry.file_name())).unwrap();
+        }
+        damage(&run.join("checkpoint").join(file));
+        // eval reads the weights (and state.json); resuming reads everything.
+        let args: Vec<String> = if file == "optimizer.bin" {
+            ["train", "--env", bandit, "--resume", run.to_str().unwrap(), "--steps", "3"].map(String::from).to_vec()
+        } else {
+            ["eval", "--env", bandit, "--checkpoint", run.join("checkpoint").to_str().unwrap(), "--episodes", "4"]
+                .map(String::from)
+                .to_vec()
+        };
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ragen_host(&args);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{file} damaged ({k}): `{}` should be refused:\n{all}", args[0]);
+        assert!(all.contains(named) && !all.contains("panicked"), "{file} damaged ({k}): the error names the file:\n{all}");
+    }
+}
