@@ -355,6 +355,62 @@ fn sigterm_stops_a_run_after_its_step_with_a_checkpoint() {
 }
 
 #[test]
+fn sigkill_at_any_moment_of_a_save_leaves_a_checkpoint_that_loads() {
+    // A run saving after every step is killed (SIGKILL: no handler runs)
+    // at a different moment each round, then resumed from whatever it
+    // left: a checkpoint always loads, in eval and in resume, whichever
+    // point of a save the kill hit. A killed run's lock goes with it.
+    let dir = scratch("train-sigkill");
+    let config = dir.join("saving.toml");
+    let saving = SMALL
+        .replace("steps = 6", "steps = 100000")
+        .replace("save_freq = 2", "save_freq = 1")
+        .replace("test_freq = 3", "test_freq = 100000");
+    std::fs::write(&config, saving).unwrap();
+    let run = dir.join("run");
+    let _ = std::fs::remove_dir_all(&run);
+    let bandit = plugin("bandit");
+    let bandit = bandit.to_str().unwrap();
+    let lines = || std::fs::read_to_string(run.join("metrics.jsonl")).map(|m| m.lines().count()).unwrap_or(0);
+    for round in 0..30u64 {
+        let mut args = vec!["train", "--env", bandit];
+        let run_arg = run.to_str().unwrap();
+        if round == 0 {
+            args.extend(["--config", config.to_str().unwrap(), "--out", run_arg]);
+        } else {
+            args.extend(["--resume", run_arg, "--steps", "100000"]);
+        }
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ragen-host"))
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Two new steps in (a step's line is written before its save, so
+        // the first new step's save is done), then a moment that differs
+        // by round: the kill lands in a step, in a save, or between.
+        let before = lines();
+        let started = std::time::Instant::now();
+        while lines() < before + 2 {
+            assert!(started.elapsed() < std::time::Duration::from_secs(120), "round {round}: no step in 2 minutes");
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+                panic!("round {round}: the run ended ({status}):\n{err}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(round * 7 % 40));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let out = ragen_host(&["eval", "--env", bandit, "--checkpoint", run_arg, "--episodes", "2"]);
+        assert!(out.status.success(), "round {round}: the checkpoint left by the kill does not load:\n{}", text(&out));
+    }
+    assert!(lines() >= 30, "every round added steps");
+}
+
+#[test]
 fn every_example_config_is_a_valid_training_config() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs");
     let mut checked = 0;
