@@ -411,6 +411,39 @@ fn sigkill_at_any_moment_of_a_save_leaves_a_checkpoint_that_loads() {
 }
 
 #[test]
+fn a_save_the_disk_refuses_fails_clearly_and_keeps_the_previous_checkpoint() {
+    // The disk runs out under a resumed run: a file-size limit (`ulimit
+    // -f`, with SIGXFSZ ignored so that writes fail with EFBIG instead of
+    // killing the process) refuses the 190 KB model file of the next save,
+    // as a full disk refuses it with ENOSPC. The run must stop with an
+    // error that says what could not be written, and the checkpoint before
+    // it must still load, at the step it had.
+    let dir = scratch("train-full-disk");
+    let config = dir.join("small.toml");
+    std::fs::write(&config, SMALL.replace("steps = 6", "steps = 2")).unwrap();
+    let run = dir.join("run");
+    let _ = std::fs::remove_dir_all(&run);
+    let bandit = plugin("bandit");
+    let bandit = bandit.to_str().unwrap();
+    let out = ragen_host(&["train", "--env", bandit, "--config", config.to_str().unwrap(), "--out", run.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let step = || -> u64 {
+        let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("checkpoint/state.json")).unwrap()).unwrap();
+        state["step"].as_u64().unwrap()
+    };
+    assert_eq!(step(), 2);
+    let host = env!("CARGO_BIN_EXE_ragen-host");
+    let resume = format!("trap '' XFSZ; ulimit -f 100; exec '{host}' train --env '{bandit}' --resume '{}' --steps 4", run.display());
+    let out = std::process::Command::new("bash").args(["-c", &resume]).output().unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "the run must fail, not die or go on:\n{all}");
+    assert!(all.contains("cannot write the model") && all.contains("File too large"), "says what could not be written, and why:\n{all}");
+    assert_eq!(step(), 2, "the previous checkpoint is the one left");
+    let out = ragen_host(&["eval", "--env", bandit, "--checkpoint", run.to_str().unwrap(), "--episodes", "2"]);
+    assert!(out.status.success(), "the previous checkpoint still loads:\n{}", text(&out));
+}
+
+#[test]
 fn every_example_config_is_a_valid_training_config() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs");
     let mut checked = 0;
