@@ -25,6 +25,10 @@ pub struct Metrics {
     pub steps: Counter,
     /// Env failures, by kind (`trap`, `timeout`, `memory-cap`, …).
     faults: Family<Labels, Counter>,
+    /// What the pool did to recover from faults, by kind
+    /// (`rebuilt_instances`, `batch_faults`, `batching_off`,
+    /// `replayed_episodes`).
+    recoveries: Family<Labels, Counter>,
     /// Seconds from a step's arrival to its answer, as the server sees it.
     pub step_latency: Histogram,
     /// Calls gathered into one pool batch.
@@ -42,6 +46,7 @@ impl Metrics {
             resets: Counter::default(),
             steps: Counter::default(),
             faults: Family::default(),
+            recoveries: Family::default(),
             // 10 µs to about 5 s.
             step_latency: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
@@ -58,6 +63,11 @@ impl Metrics {
         r.register("resets", "Env resets", self.resets.clone());
         r.register("steps", "Env steps", self.steps.clone());
         r.register("faults", "Env failures (the episode ended with an error), by kind", self.faults.clone());
+        r.register(
+            "recoveries",
+            "Recoveries from plugin faults (rebuilt instances, batched calls run again, batching turned off, replayed episodes)",
+            self.recoveries.clone(),
+        );
         r.register("step_latency_seconds", "Time from a step's arrival to its answer", self.step_latency.clone());
         r.register("batch_size", "Calls gathered into one pool batch", self.batch_size.clone());
         self
@@ -69,6 +79,22 @@ impl Metrics {
 
     pub fn fault(&self, kind: &str) {
         self.faults.get_or_create(&vec![("kind", kind.to_string())]).inc();
+    }
+
+    /// Count the recoveries the pool made since `earlier` (cumulative
+    /// counts, from `PoolStats::recoveries`).
+    pub fn recovered(&self, now: &ragen_runtime::Recoveries, earlier: &ragen_runtime::Recoveries) {
+        let delta = now.since(earlier);
+        for (kind, n) in [
+            ("rebuilt_instances", delta.rebuilt_instances),
+            ("batch_faults", delta.batch_faults),
+            ("batching_off", delta.batching_off),
+            ("replayed_episodes", delta.replayed_episodes),
+        ] {
+            if n > 0 {
+                self.recoveries.get_or_create(&vec![("kind", kind.to_string())]).inc_by(n as u64);
+            }
+        }
     }
 
     /// The text exposition format.
@@ -96,11 +122,17 @@ mod tests {
         m.steps.inc_by(3);
         m.reject("capacity");
         m.fault("trap");
+        let none = ragen_runtime::Recoveries::default();
+        let some = ragen_runtime::Recoveries { rebuilt_instances: 2, replayed_episodes: 5, ..none.clone() };
+        m.recovered(&some, &none);
+        m.recovered(&some, &some);
         m.step_latency.observe(0.001);
         let text = m.render();
         assert!(text.contains("ragen_serve_steps_total 3"), "{text}");
         assert!(text.contains("ragen_serve_rejected_total{reason=\"capacity\"} 1"), "{text}");
         assert!(text.contains("ragen_serve_faults_total{kind=\"trap\"} 1"), "{text}");
+        assert!(text.contains("ragen_serve_recoveries_total{kind=\"rebuilt_instances\"} 2"), "{text}");
+        assert!(text.contains("ragen_serve_recoveries_total{kind=\"replayed_episodes\"} 5"), "{text}");
         assert!(text.contains("ragen_serve_step_latency_seconds_count 1"), "{text}");
         assert!(text.trim_end().ends_with("# EOF"), "{text}");
     }

@@ -66,7 +66,13 @@ impl Stepper {
 /// large pool, few enough that the first in line does not wait long.
 const MAX_BATCH: usize = 4096;
 
+/// How often the pool's recovery counts are read when no call failed (a
+/// batch that ran out of time recovers without failing any env).
+const RECOVERY_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn run(pool: EnvPool, rx: Receiver<Job>, metrics: &Metrics) {
+    let mut recovered = ragen_runtime::Recoveries::default();
+    let mut polled = std::time::Instant::now();
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -77,16 +83,31 @@ fn run(pool: EnvPool, rx: Receiver<Job>, metrics: &Metrics) {
         }
         metrics.batch_size.observe(batch.len() as f64);
         let (resets, steps): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| matches!(j.work, Work::Reset(_)));
+        let mut answers = Vec::with_capacity(2);
         if !resets.is_empty() {
             let ids: Vec<usize> = resets.iter().map(|j| j.slot).collect();
             let seeds: Vec<u64> = resets.iter().map(|j| if let Work::Reset(s) = j.work { s } else { unreachable!() }).collect();
             let results = pool.reset(&ids, &seeds).map(|r| r.into_iter().map(|o| o.map(first_step)).collect());
-            answer(resets, results);
+            answers.push((resets, results));
         }
         if !steps.is_empty() {
             let ids: Vec<usize> = steps.iter().map(|j| j.slot).collect();
             let actions: Vec<Action> = steps.iter().map(|j| if let Work::Step(a) = &j.work { a.clone() } else { unreachable!() }).collect();
-            answer(steps, pool.step(&ids, &actions));
+            answers.push((steps, pool.step(&ids, &actions)));
+        }
+        // Recoveries into /metrics, before the answers go out (so a client
+        // that saw a fault finds it counted): after a failure (faults are
+        // what the pool recovers from), and at least once a second.
+        let failed = answers.iter().any(|(_, r)| r.as_ref().map_or(true, |r| r.iter().any(Result::is_err)));
+        if (failed || polled.elapsed() >= RECOVERY_POLL)
+            && let Ok(stats) = pool.stats()
+        {
+            metrics.recovered(&stats.recoveries, &recovered);
+            recovered = stats.recoveries;
+            polled = std::time::Instant::now();
+        }
+        for (jobs, results) in answers {
+            answer(jobs, results);
         }
     }
 }

@@ -139,6 +139,7 @@ async fn faults_stay_in_their_sessions_under_load() {
         }
         assert_eq!(failed_sessions, 4, "{fault}: the four sessions with faulting seeds got errors");
         assert!(metrics.contains("ragen_serve_faults_total{kind="), "{fault}: faults are counted: {metrics}");
+        assert!(metrics.contains("ragen_serve_recoveries_total{kind=\"rebuilt_instances\"}"), "{fault}: recoveries are counted: {metrics}");
     }
 }
 
