@@ -346,3 +346,90 @@ mod tests {
         }
     }
 }
+
+/// Fuzzing what a registry sends and what a user types: a manifest is
+/// bytes from a server someone else runs, so any manifest (valid JSON of
+/// the wrong shape, odd media types, sizes and digests, or damaged bytes)
+/// yields the plugin's one layer or an error, never a panic or an
+/// allocation by its declared size past the limit; a reference string
+/// parses or is refused (`make fuzz` runs it longer).
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn media_type() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(WASM_LAYER_MEDIA_TYPE.to_string()),
+            Just(LEGACY_WASM_LAYER_MEDIA_TYPE.to_string()),
+            Just("application/vnd.oci.image.layer.v1.tar+gzip".to_string()),
+            ".{0,40}",
+        ]
+    }
+
+    fn size() -> impl Strategy<Value = serde_json::Value> {
+        prop_oneof![
+            Just(serde_json::json!(-1)),
+            Just(serde_json::json!(0)),
+            Just(serde_json::json!(i64::MAX)),
+            Just(serde_json::json!(MAX_PLUGIN_BYTES + 1)),
+            Just(serde_json::json!(1.5)),
+            Just(serde_json::json!("12")),
+            (0..1_000_000i64).prop_map(|n| serde_json::json!(n)),
+        ]
+    }
+
+    fn digest() -> impl Strategy<Value = String> {
+        prop_oneof![Just(format!("sha256:{}", "a".repeat(64))), Just("sha256:".to_string()), Just("md5:00".to_string()), ".{0,80}"]
+    }
+
+    fn manifest() -> impl Strategy<Value = Vec<u8>> {
+        let layer = (media_type(), size(), digest()).prop_map(|(m, s, d)| serde_json::json!({"mediaType": m, "size": s, "digest": d}));
+        let json = (prop::collection::vec(layer, 0..4), prop::bool::ANY).prop_map(|(layers, annotated)| {
+            let mut m = serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.wasm.config.v0+json", "size": 2, "digest": format!("sha256:{}", "b".repeat(64))},
+                "layers": layers,
+            });
+            if annotated {
+                m["annotations"] = serde_json::json!({"org.opencontainers.image.title": "x"});
+            }
+            serde_json::to_vec(&m).unwrap()
+        });
+        // Sometimes the bytes themselves are damaged.
+        (json, prop::option::weighted(0.3, (any::<prop::sample::Index>(), any::<u8>()))).prop_map(|(mut bytes, damage)| {
+            if let Some((at, byte)) = damage {
+                let i = at.index(bytes.len());
+                bytes[i] = byte;
+            }
+            bytes
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(512),
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn any_manifest_gives_its_plugin_layer_or_an_error_never_a_panic(bytes in manifest()) {
+            let reference = PluginRef::parse("localhost:5000/ragen/x:1").unwrap();
+            if let Ok(manifest) = parse_manifest(&bytes, &reference)
+                && let Ok(layer) = wasm_layer(&manifest, &reference)
+                && Digest::parse(&layer.digest).is_ok()
+                && let Ok(b) = Bounded::new(layer.size, &reference)
+            {
+                prop_assert!(b.limit as u64 <= MAX_PLUGIN_BYTES);
+            }
+        }
+
+        #[test]
+        fn any_reference_parses_or_is_refused_never_a_panic(s in "(oci://)?[a-zA-Z0-9.:/@_-]{0,60}") {
+            if let Ok(r) = PluginRef::parse(&s) {
+                let _ = (r.registry(), r.to_string(), r.digest());
+            }
+        }
+    }
+}
