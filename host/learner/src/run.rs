@@ -181,6 +181,8 @@ struct Run<'c, B: TrainBackend, T: Trainee<B>> {
     /// plays to fill its batch with informative groups.
     dynamic_sampling: Option<usize>,
     overlong: Option<Overlong>,
+    /// What the env pools had recovered from at the end of the last step.
+    recovered: Recoveries,
     /// The best validation success so far (what `checkpoint-best/` holds).
     best: Option<f64>,
     alarm: CollapseAlarm,
@@ -228,6 +230,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
             entropy_schedule: resolved.entropy_schedule,
             dynamic_sampling: resolved.dynamic_sampling,
             overlong: resolved.overlong,
+            recovered: Recoveries::default(),
             best: None,
             alarm: CollapseAlarm::default(),
             history: Vec::new(),
@@ -268,7 +271,6 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     fn step(&mut self, step: u64) -> Result<StepMetrics> {
         let config = self.config;
         let warm_steps = config.warm_start.steps;
-        let recovered_before = self.recoveries()?;
         let mut m = if step < warm_steps { self.warm_step(step)? } else { self.rl_step(step, step - warm_steps)? };
         let due = (step + 1).is_multiple_of(config.test_freq.max(1)) || step + 1 == config.total_steps() || step == 0;
         // The warm start's last step is validated too: the warm start
@@ -279,7 +281,11 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
         if !m.warm_start {
             m.collapse_alarm = self.alarm.check(m.reward_std_before_filter, m.entropy, m.success);
         }
-        let recovered = self.recoveries()?.since(&recovered_before);
+        // The pools' counts since the last step's reading (nothing runs
+        // them between steps).
+        let now = self.recoveries()?;
+        let recovered = now.since(&self.recovered);
+        self.recovered = now;
         m.env_recoveries = recovered.rebuilt_instances;
         m.recovered = recovered.any().then(|| recovered.to_string());
         let file = self.metrics_file.as_mut().expect("the metrics file is open");
