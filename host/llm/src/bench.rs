@@ -39,8 +39,15 @@ pub struct LlmBenchReport {
     pub prompt_tokens: usize,
     pub prefill_tokens_per_s: f64,
     pub new_tokens: usize,
-    /// New tokens per second, all rows together, KV cache on.
+    /// New tokens per second, all rows together, KV cache on, the
+    /// prompts' prefill included.
     pub sample_tokens_per_s: f64,
+    /// New tokens per second once the prompts are in the cache: the time
+    /// of a call for `new_tokens` less that of a call for one (the prefill
+    /// and first draw); what `llama-batched-bench` calls S_TG.
+    pub generation_tokens_per_s: f64,
+    /// Bytes of quantized weights decoding reads (`None`: it reads `f32`).
+    pub quantized_weight_bytes: Option<usize>,
     pub train_rows: usize,
     pub train_len: usize,
     pub train_tokens_per_s: f64,
@@ -71,15 +78,16 @@ pub fn bench_llm<B: ragen_ops::TrainBackend>(model: &Llm<B>, config: &LlmBenchCo
     // Prefill as sampling runs it: every prompt padded on the right to the
     // longest, one pass, logits at the last position only.
     let ids: Vec<i64> = config.prompts.iter().flat_map(|p| p.iter().map(|&t| t as i64).chain(std::iter::repeat(0)).take(longest)).collect();
+    // On a thread of the compute pool, as sampling runs it.
     let prefill = rate(config.min_time, || {
         let tokens = Tensor::<B::InnerBackend, 2, Int>::from_data(TensorData::new(ids.clone(), [b, longest]), &inner_device);
         let mut cache = ragen_policy::KvCache::new(inference.n_layers());
-        let _ = inference.last_logits_cached(tokens, &mut cache).into_data();
+        rayon::scope(|_| inference.last_logits_cached(tokens, &mut cache).into_data());
         b * longest
     });
     let never = StopRule::never();
     let mut stream = 0;
-    let sample = rate(config.min_time, || {
+    let mut sample_for = |new_tokens: usize| {
         let prompts: Vec<&[u32]> = config.prompts.iter().map(Vec::as_slice).collect();
         let mut rngs: Vec<SeedRng> = (0..b)
             .map(|_| {
@@ -87,9 +95,15 @@ pub fn bench_llm<B: ragen_ops::TrainBackend>(model: &Llm<B>, config: &LlmBenchCo
                 SeedRng::stream(7, stream)
             })
             .collect();
-        let out = sample_batch(&inference, &prompts, &never, Sampling::from(1.0), config.new_tokens, &mut rngs, &inner_device);
-        out.iter().map(|s| s.tokens.len()).sum()
-    });
+        let out = sample_batch(&inference, &prompts, &never, Sampling::from(1.0), new_tokens, &mut rngs, &inner_device);
+        out.iter().map(|s| s.tokens.len()).sum::<usize>()
+    };
+    let sample = rate(config.min_time, || sample_for(config.new_tokens));
+    // A call for one token is the prefill and the first draw: the rest of a
+    // full call's time is generation.
+    let first = rate(config.min_time, || sample_for(1));
+    let per_call = (b * config.new_tokens) as f64 / sample - b as f64 / first;
+    let generation = (b * (config.new_tokens - 1)) as f64 / per_call;
     let vocab = model.vocab_size() as u64;
     let mut rng = SeedRng::new(3);
     let train_ids: Vec<i64> = (0..config.train_rows * config.train_len).map(|_| (rng.next_u64() % vocab) as i64).collect();
@@ -101,6 +115,8 @@ pub fn bench_llm<B: ragen_ops::TrainBackend>(model: &Llm<B>, config: &LlmBenchCo
         prefill_tokens_per_s: prefill,
         new_tokens: config.new_tokens,
         sample_tokens_per_s: sample,
+        generation_tokens_per_s: generation,
+        quantized_weight_bytes: model.quantized_bytes(),
         train_rows: config.train_rows,
         train_len: config.train_len,
         train_tokens_per_s: train,
@@ -120,8 +136,10 @@ impl LlmBenchReport {
     pub fn to_text(&self) -> String {
         format!(
             "pretrained model: batch {}, prompts of {} tokens, {} new tokens each, training {} x {} tokens\n\
+             weights read when decoding    {}\n\
              prefill                       {:>10.0} tokens/s\n\
-             sample, KV cache, batched     {:>10.0} tokens/s\n\
+             sample, KV cache, batched     {:>10.0} tokens/s (prefill included)\n\
+             generation                    {:>10.0} tokens/s (prefill taken out)\n\
              train (forward + backward)    {:>10.0} tokens/s\n\
              peak resident memory          {:>10.0} MiB\n",
             self.batch,
@@ -129,8 +147,13 @@ impl LlmBenchReport {
             self.new_tokens,
             self.train_rows,
             self.train_len,
+            match self.quantized_weight_bytes {
+                Some(bytes) => format!("quantized, {:.0} MiB", bytes as f64 / (1 << 20) as f64),
+                None => "f32".to_string(),
+            },
             self.prefill_tokens_per_s,
             self.sample_tokens_per_s,
+            self.generation_tokens_per_s,
             self.train_tokens_per_s,
             self.peak_rss_mib,
         )

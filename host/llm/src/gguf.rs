@@ -18,6 +18,7 @@
 
 use anyhow::{Context, Result, bail, ensure};
 use half::{bf16, f16};
+use ragen_ops::{BlockQ4, BlockQ8, QuantBlocks, QuantMatrix};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -328,6 +329,29 @@ impl Gguf {
 
     /// A tensor's values as `f32`, row-major in [`TensorInfo::shape`].
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let (kind, bytes, n) = self.tensor_bytes(name)?;
+        Ok(dequantize(kind, bytes, n))
+    }
+
+    /// A 2-D tensor `[rows, cols]` kept quantized, for the kernels that
+    /// multiply by it as it is ([`quantized`]); `None` when it is stored as
+    /// floats (or its rows are not whole blocks of 32).
+    pub fn tensor_quantized(&self, name: &str) -> Result<Option<QuantMatrix>> {
+        let (kind, bytes, n) = self.tensor_bytes(name)?;
+        let shape = self.tensors[name].shape();
+        let [rows, cols] = shape[..] else { return Ok(None) };
+        if !cols.is_multiple_of(ragen_ops::BLOCK) {
+            return Ok(None);
+        }
+        Ok(quantized(kind, bytes, n).map(|blocks| match blocks {
+            Blocks::Exact(blocks) => QuantMatrix::new(rows, cols, blocks),
+            Blocks::Dequantized(values) => QuantMatrix::quantize_q8(&values, rows, cols),
+        }))
+    }
+
+    /// A tensor's type, bytes and number of values, checked against the
+    /// file.
+    fn tensor_bytes(&self, name: &str) -> Result<(TensorType, &[u8], usize)> {
         let info = self.tensors.get(name).with_context(|| {
             format!(
                 "tensor {name:?} is missing from {}: the file is not a complete model of its architecture (was it converted by a recent llama.cpp?)",
@@ -354,7 +378,65 @@ impl Gguf {
             self.path.display(),
             self.bytes.len()
         );
-        Ok(dequantize(kind, &self.bytes[start as usize..end as usize], n))
+        Ok((kind, &self.bytes[start as usize..end as usize], n))
+    }
+}
+
+/// What [`quantized`] makes of a type's blocks.
+pub enum Blocks {
+    /// The kernel's blocks, holding exactly the values [`dequantize`] gives.
+    Exact(QuantBlocks),
+    /// A type the kernel has no block for (Q6_K, whose scales change every
+    /// 16 values): its values, for rounding to 8 bits.
+    Dequantized(Vec<f32>),
+}
+
+/// Bytes of `n` values of a quantized type as the kernel's blocks; `None`
+/// for the float types.
+pub fn quantized(kind: TensorType, bytes: &[u8], n: usize) -> Option<Blocks> {
+    let (_, size) = kind.block();
+    let blocks = bytes.chunks_exact(size);
+    Some(match kind {
+        TensorType::F32 | TensorType::F16 | TensorType::BF16 => return None,
+        TensorType::Q8_0 => Blocks::Exact(QuantBlocks::Q8(
+            blocks.map(|b| BlockQ8 { d: half16(b), qs: std::array::from_fn(|i| b[2 + i] as i8) }).collect(),
+        )),
+        // Q4_0's `d·(q − 8)` is `d·q + m` with `m = −8d`, exactly.
+        TensorType::Q4_0 => Blocks::Exact(QuantBlocks::Q4(
+            blocks.map(|b| BlockQ4 { d: half16(b), m: -8.0 * half16(b), qs: b[2..18].try_into().expect("16") }).collect(),
+        )),
+        TensorType::Q4_1 => Blocks::Exact(QuantBlocks::Q4(
+            blocks.map(|b| BlockQ4 { d: half16(b), m: half16(&b[2..]), qs: b[4..20].try_into().expect("16") }).collect(),
+        )),
+        TensorType::Q4K => Blocks::Exact(QuantBlocks::Q4(blocks.flat_map(q4k_blocks).collect())),
+        TensorType::Q6K => Blocks::Dequantized(dequantize(kind, bytes, n)),
+    })
+}
+
+/// A Q4_K block's eight sub-blocks of 32 as 4-bit blocks: scale `d·sc`,
+/// offset `−dmin·m`, and the nibbles repacked from Q4_K's order (values
+/// `64c..64c + 32` in the low nibbles of 32 bytes, the next 32 in their
+/// high nibbles) into Q4_1's.
+fn q4k_blocks(block: &[u8]) -> [BlockQ4; 8] {
+    let (d, dmin) = (half16(block), half16(&block[2..]));
+    let qs = &block[16..144];
+    std::array::from_fn(|j| {
+        let (sc, m) = q4k_scale_min(&block[4..16], j);
+        let q = &qs[32 * (j / 2)..][..32];
+        let shift = 4 * (j % 2);
+        let nib = |i: usize| (q[i] >> shift) & 0xF;
+        BlockQ4 { d: d * sc, m: -(dmin * m), qs: std::array::from_fn(|i| nib(i) | (nib(16 + i) << 4)) }
+    })
+}
+
+/// Sub-block `j`'s 6-bit scale and minimum, from Q4_K's 12 packed bytes.
+fn q4k_scale_min(scales: &[u8], j: usize) -> (f32, f32) {
+    if j < 4 {
+        ((scales[j] & 63) as f32, (scales[j + 4] & 63) as f32)
+    } else {
+        let sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
+        let m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+        (sc as f32, m as f32)
     }
 }
 
@@ -399,17 +481,8 @@ fn half16(b: &[u8]) -> f32 {
 /// minimum packed into 12 bytes, times the block's `d` and `dmin`.
 fn dequantize_q4k(block: &[u8], out: &mut Vec<f32>) {
     let (d, dmin) = (half16(block), half16(&block[2..]));
-    let scales = &block[4..16];
     let qs = &block[16..144];
-    let scale_min = |j: usize| -> (f32, f32) {
-        if j < 4 {
-            ((scales[j] & 63) as f32, (scales[j + 4] & 63) as f32)
-        } else {
-            let sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
-            let m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
-            (sc as f32, m as f32)
-        }
-    };
+    let scale_min = |j: usize| q4k_scale_min(&block[4..16], j);
     for (chunk, q) in qs.chunks_exact(32).enumerate() {
         let (s1, m1) = scale_min(2 * chunk);
         let (s2, m2) = scale_min(2 * chunk + 1);

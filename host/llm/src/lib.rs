@@ -62,7 +62,7 @@ pub struct Pretrained<B: Backend> {
     pub device: B::Device,
 }
 
-impl<B: ragen_ops::AttentionBackend + ragen_ops::PointwiseBackend> Pretrained<B> {
+impl<B: ragen_ops::AttentionBackend + ragen_ops::PointwiseBackend + ragen_ops::QuantizedBackend> Pretrained<B> {
     /// A GGUF file, or a Hugging Face model directory.
     pub fn load(path: &Path, device: &B::Device) -> Result<Self> {
         if path.is_dir() {

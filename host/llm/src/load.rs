@@ -9,14 +9,16 @@
 
 use crate::config::{Architecture, LlmConfig};
 use crate::gguf::Gguf;
-use crate::model::Llm;
+use crate::model::{LayerQuantized, Llm};
 use anyhow::{Context, Result, bail, ensure};
 use burn::module::Param;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
+use ragen_ops::QuantMatrix;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A weight of the decoder, by role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,12 +55,34 @@ pub trait WeightSource {
     fn read(&self, weight: Weight) -> Result<(Vec<usize>, Vec<f32>)>;
     /// The file, for error messages.
     fn origin(&self) -> &Path;
+    /// The weight kept as the file stores it, when that is quantized
+    /// (`[rows, cols]` as [`WeightSource::read`] gives it); `None` for
+    /// weights stored as floats.
+    fn quantized(&self, weight: Weight) -> Result<Option<QuantMatrix>> {
+        let _ = weight;
+        Ok(None)
+    }
 }
 
 /// A GGUF file as a weight source.
 pub struct GgufWeights<'a> {
     pub gguf: &'a Gguf,
     pub config: &'a LlmConfig,
+}
+
+impl GgufWeights<'_> {
+    /// The heads whose rows llama.cpp's conversion permuted (a Llama
+    /// model's query and key projections), to be put back.
+    fn permuted_heads(&self, weight: Weight) -> Option<usize> {
+        if self.config.architecture != Architecture::Llama {
+            return None;
+        }
+        match weight {
+            Weight::Layer(_, Part::Q) => Some(self.config.n_heads),
+            Weight::Layer(_, Part::K) => Some(self.config.n_kv_heads),
+            _ => None,
+        }
+    }
 }
 
 impl WeightSource for GgufWeights<'_> {
@@ -95,21 +119,22 @@ impl WeightSource for GgufWeights<'_> {
         let name = self.name(weight);
         let values = self.gguf.tensor_f32(&name)?;
         let shape = self.gguf.tensors[&name].shape();
-        let heads = match weight {
-            Weight::Layer(_, Part::Q) => Some(self.config.n_heads),
-            Weight::Layer(_, Part::K) => Some(self.config.n_kv_heads),
-            _ => None,
-        };
-        match heads {
-            Some(heads) if self.config.architecture == Architecture::Llama && shape.len() == 2 => {
-                Ok((shape.clone(), unpermute_rows(&values, heads, shape[0], shape[1])))
-            }
+        match self.permuted_heads(weight) {
+            Some(heads) if shape.len() == 2 => Ok((shape.clone(), unpermute_rows(&values, heads, shape[0], shape[1]))),
             _ => Ok((shape, values)),
         }
     }
 
     fn origin(&self) -> &Path {
         &self.gguf.path
+    }
+
+    fn quantized(&self, weight: Weight) -> Result<Option<QuantMatrix>> {
+        let Some(matrix) = self.gguf.tensor_quantized(&self.name(weight))? else { return Ok(None) };
+        Ok(Some(match self.permuted_heads(weight) {
+            Some(heads) => matrix.select_rows(&unpermuted_order(heads, matrix.rows())),
+            None => matrix,
+        }))
     }
 }
 
@@ -118,18 +143,24 @@ impl WeightSource for GgufWeights<'_> {
 /// to interleaved pairs `(2i, 2i+1)`. Row `2i + j` of a converted head is
 /// original row `j·k/2 + i`.
 fn unpermute_rows(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+    unpermuted_order(heads, rows).iter().flat_map(|&from| &values[from * cols..(from + 1) * cols]).copied().collect()
+}
+
+/// The rows' order that undoes the conversion's permutation: row `to` of
+/// the result is row `order[to]` of the file's. Within each head of `k`
+/// rows, the file interleaves the two halves (`2i + j`), Hugging Face keeps
+/// them apart (`j·k/2 + i`).
+fn unpermuted_order(heads: usize, rows: usize) -> Vec<usize> {
     let k = rows / heads;
-    let mut out = vec![0f32; values.len()];
+    let mut order = vec![0; rows];
     for h in 0..heads {
         for i in 0..k / 2 {
             for j in 0..2 {
-                let from = h * k + 2 * i + j;
-                let to = h * k + j * (k / 2) + i;
-                out[to * cols..(to + 1) * cols].copy_from_slice(&values[from * cols..(from + 1) * cols]);
+                order[h * k + j * (k / 2) + i] = h * k + 2 * i + j;
             }
         }
     }
-    out
+    order
 }
 
 /// A Hugging Face model directory's safetensors files as a weight source.
@@ -266,7 +297,23 @@ pub fn build<B: Backend>(config: &LlmConfig, source: &dyn WeightSource, device: 
         layer.up = linear(w(Part::Up, &[f, d])?, [f, d], None, device);
         layer.down = linear(w(Part::Down, &[d, f])?, [d, f], None, device);
     }
+    attach_quantized(&mut model, config, source)?;
     Ok(model)
+}
+
+/// The linear weights that `source` stores quantized, kept so beside their
+/// `f32` copies: decoding reads them at their stored size (the `f32`
+/// copies still serve long inputs and gradients).
+fn attach_quantized<B: Backend>(model: &mut Llm<B>, config: &LlmConfig, source: &dyn WeightSource) -> Result<()> {
+    let output = if config.tie_word_embeddings { Weight::Embedding } else { Weight::Output };
+    model.lm_head_quantized = source.quantized(output)?.map(Arc::new);
+    for (i, layer) in model.layers.iter_mut().enumerate() {
+        let w = |part: Part| source.quantized(Weight::Layer(i, part));
+        let quantized =
+            LayerQuantized { q: w(Part::Q)?, k: w(Part::K)?, v: w(Part::V)?, o: w(Part::O)?, gate: w(Part::Gate)?, up: w(Part::Up)?, down: w(Part::Down)? };
+        layer.quantized = (quantized.bytes() > 0).then(|| Arc::new(quantized));
+    }
+    Ok(())
 }
 
 /// A weight, checked against the shape the config implies.

@@ -133,15 +133,6 @@ impl<B: Backend> LayerAdapters<B> {
     }
 }
 
-/// `x·W (+ bias)` through `linear`, plus the adapter's update when there is
-/// one: `x` `[n, i]` to `[n, o]`.
-pub fn adapted<B: Backend>(linear: &burn::nn::Linear<B>, lora: Option<&Lora<B>>, x: Tensor<B, 2>) -> Tensor<B, 2> {
-    match lora {
-        Some(lora) => linear.forward(x.clone()) + lora.forward(x),
-        None => linear.forward(x),
-    }
-}
-
 /// What trains besides a frozen base: the value head, and the adapters
 /// when LoRA is on (one entry per decoder layer; empty when it is off).
 #[derive(Module, Debug)]

@@ -7,14 +7,15 @@
 //! `g` key/value heads, `k` head width, `f` MLP width, `v` vocabulary.
 
 use crate::config::LlmConfig;
-use crate::lora::{LayerAdapters, LayerWidths, LoraConfig, Tuned, adapted};
+use crate::lora::{LayerAdapters, LayerWidths, Lora, LoraConfig, Tuned};
 use burn::module::Param;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
-use ragen_ops::{AttentionBackend, AttentionHeads, OutputLayer, PointwiseBackend};
+use ragen_ops::{AttentionBackend, AttentionHeads, OutputLayer, PointwiseBackend, QuantMatrix, QuantizedBackend};
 use ragen_policy::{CausalLm, KvCache, LayerCache, PolicyNetwork, Rotation};
 use std::path::Path;
+use std::sync::Arc;
 
 /// A pretrained causal language model with a value head.
 #[derive(Module, Debug)]
@@ -26,6 +27,10 @@ pub struct Llm<B: Backend> {
     pub(crate) layers: Vec<DecoderLayer<B>>,
     pub(crate) norm: RmsNorm<B>,
     pub(crate) lm_head: Linear<B>,
+    /// `lm_head`'s weight as the file stores it, quantized (see
+    /// [`Llm::quantized_bytes`]).
+    #[module(skip)]
+    pub(crate) lm_head_quantized: Option<Arc<QuantMatrix>>,
     /// The value head, and the LoRA adapters when they are on: what trains
     /// while the rest is frozen (see [`Llm::with_lora`]).
     pub tuned: Tuned<B>,
@@ -51,6 +56,31 @@ pub struct DecoderLayer<B: Backend> {
     pub(crate) gate: Linear<B>,
     pub(crate) up: Linear<B>,
     pub(crate) down: Linear<B>,
+    /// The projections' weights as the file stores them, quantized.
+    #[module(skip)]
+    pub(crate) quantized: Option<Arc<LayerQuantized>>,
+}
+
+/// A decoder layer's projections kept quantized, each `[out, in]` (one
+/// output per row), for decoding a few rows at a time: each is read at its
+/// stored size instead of as `f32` ([`ragen_ops::QuantizedBackend`]). Only
+/// while the base is frozen: [`Llm::with_lora`] without LoRA (the whole
+/// model trains) and loading a whole model's weights drop them.
+#[derive(Debug, Default)]
+pub struct LayerQuantized {
+    pub q: Option<QuantMatrix>,
+    pub k: Option<QuantMatrix>,
+    pub v: Option<QuantMatrix>,
+    pub o: Option<QuantMatrix>,
+    pub gate: Option<QuantMatrix>,
+    pub up: Option<QuantMatrix>,
+    pub down: Option<QuantMatrix>,
+}
+
+impl LayerQuantized {
+    pub(crate) fn bytes(&self) -> usize {
+        [&self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down].iter().filter_map(|w| w.as_ref()).map(QuantMatrix::bytes).sum()
+    }
 }
 
 impl LlmConfig {
@@ -71,6 +101,7 @@ impl LlmConfig {
                 gate: linear(d, self.intermediate_size, false),
                 up: linear(d, self.intermediate_size, false),
                 down: linear(self.intermediate_size, d, false),
+                quantized: None,
             })
             .collect();
         Llm {
@@ -78,6 +109,7 @@ impl LlmConfig {
             layers,
             norm: norm(),
             lm_head: linear(d, self.vocab_size, false),
+            lm_head_quantized: None,
             tuned: Tuned { value_head: small_value_head(d, device), adapters: Vec::new() },
             inv_freq: self.inv_frequencies(),
             n_heads: self.n_heads,
@@ -96,7 +128,7 @@ fn small_value_head<B: Backend>(d: usize, device: &B::Device) -> Linear<B> {
     Linear { weight: Param::from_tensor(weight), bias: Some(Param::from_tensor(Tensor::zeros([1], device))) }
 }
 
-impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
+impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> Llm<B> {
     pub fn vocab_size(&self) -> usize {
         self.lm_head.weight.dims()[1]
     }
@@ -120,10 +152,11 @@ impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
 
     /// The model with LoRA adapters on `config`'s target layers (`B` = 0,
     /// so it computes what it did) and everything else frozen but the value
-    /// head. With LoRA off, unchanged: the whole model trains.
+    /// head. With LoRA off the whole model trains, so its quantized
+    /// copies (which would go stale) are dropped.
     pub fn with_lora(mut self, config: &LoraConfig) -> Self {
         if !config.is_on() {
-            return self;
+            return self.without_quantized();
         }
         let device = self.lm_head.weight.device();
         let k = self.head_dim;
@@ -139,6 +172,25 @@ impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
         self.lm_head = self.lm_head.no_grad();
         self.tuned.adapters = (0..self.layers.len()).map(|_| LayerAdapters::new(widths, config, &device)).collect();
         self
+    }
+
+    /// The model without its quantized weights: every product reads the
+    /// `f32` ones (the reference path), as it must once they train.
+    pub fn without_quantized(mut self) -> Self {
+        self.lm_head_quantized = None;
+        for layer in &mut self.layers {
+            layer.quantized = None;
+        }
+        self
+    }
+
+    /// Bytes of the quantized weights decoding reads instead of the `f32`
+    /// ones, `None` when there are none (a model stored as floats, or
+    /// training all its weights).
+    pub fn quantized_bytes(&self) -> Option<usize> {
+        let layers: usize = self.layers.iter().filter_map(|l| l.quantized.as_ref()).map(|q| q.bytes()).sum();
+        let total = layers + self.lm_head_quantized.as_ref().map_or(0, |w| w.bytes());
+        (total > 0).then_some(total)
     }
 
     /// Whether LoRA adapters are on (then only they and the value head
@@ -159,7 +211,7 @@ impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
     pub fn forward_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> (Tensor<B, 3>, Tensor<B, 2>) {
         let [b, t] = tokens.dims();
         let x = self.hidden_cached(tokens, cache); // [b·t, d]
-        let logits = self.lm_head.forward(x.clone()); // [b·t, v]
+        let logits = self.output(x.clone()); // [b·t, v]
         let values = self.tuned.value_head.forward(x); // [b·t, 1]
         (logits.reshape([b, t, self.vocab_size()]), values.reshape([b, t]))
     }
@@ -204,7 +256,12 @@ impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
         let x = self.hidden_cached(tokens, cache); // [b·t, d]
         let d = x.dims()[1];
         let last = x.reshape([b, t, d]).narrow(1, t - 1, 1).reshape([b, d]);
-        self.lm_head.forward(last)
+        self.output(last)
+    }
+
+    /// The output layer: hidden states `[n, d]` to logits `[n, v]`.
+    fn output(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        project(&self.lm_head, self.lm_head_quantized.as_deref(), None, x)
     }
 
     /// The final hidden states `[b·t, d]`, normalised. Activations stay 2-D
@@ -239,6 +296,24 @@ fn rms<B: PointwiseBackend>(norm: &RmsNorm<B>, x: Tensor<B, 2>) -> Tensor<B, 2> 
     B::fused_rms_norm(x, norm.gamma.val(), norm.epsilon)
 }
 
+/// `x` `[n, i]` through one of the base's linear layers (`x·W + bias`,
+/// `[n, o]`): by its quantized weight where there is one and the backend
+/// multiplies by it, else by its `f32` weight; plus the LoRA adapter's
+/// update when there is one.
+fn project<B: QuantizedBackend>(linear: &Linear<B>, quantized: Option<&QuantMatrix>, lora: Option<&Lora<B>>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let base = match quantized.and_then(|w| B::quantized_linear(x.clone(), w)) {
+        Some(y) => match &linear.bias {
+            Some(bias) => y + bias.val().unsqueeze(),
+            None => y,
+        },
+        None => linear.forward(x.clone()),
+    };
+    match lora {
+        Some(lora) => base + lora.forward(x),
+        None => base,
+    }
+}
+
 /// The attention's shape: batch `b`, new positions `t`, query heads `h`,
 /// key/value heads `g`, head width `k`.
 #[derive(Clone, Copy, Debug)]
@@ -250,7 +325,7 @@ struct Heads {
     k: usize,
 }
 
-impl<B: AttentionBackend + PointwiseBackend> DecoderLayer<B> {
+impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> DecoderLayer<B> {
     /// x `[b·t, d]`; the cache holds keys and values `[b, P, g·k]`, already
     /// rotated; `padding` `[b, t, p]` hides padded keys; `lora` adds its
     /// adapters' updates to the projections. Heads stay side by side, as the
@@ -265,22 +340,25 @@ impl<B: AttentionBackend + PointwiseBackend> DecoderLayer<B> {
         s: Heads,
     ) -> Tensor<B, 2> {
         let Heads { b, t, h, g, k } = s;
+        let quantized = self.quantized.as_deref();
+        let w = |pick: fn(&LayerQuantized) -> &Option<QuantMatrix>| quantized.and_then(|q| pick(q).as_ref());
+        let lora = |pick: fn(&LayerAdapters<B>) -> &Option<Lora<B>>| lora.and_then(|a| pick(a).as_ref());
         let normed = rms(&self.attn_norm, x.clone());
-        let q = rotation.apply(adapted(&self.q, lora.and_then(|a| a.q.as_ref()), normed.clone())).reshape([b, t, h * k]);
-        let k_new = rotation.apply(adapted(&self.k, lora.and_then(|a| a.k.as_ref()), normed.clone())).reshape([b, t, g * k]);
-        let v_new = adapted(&self.v, lora.and_then(|a| a.v.as_ref()), normed).reshape([b, t, g * k]);
+        let q = rotation.apply(project(&self.q, w(|q| &q.q), lora(|a| &a.q), normed.clone())).reshape([b, t, h * k]);
+        let k_new = rotation.apply(project(&self.k, w(|q| &q.k), lora(|a| &a.k), normed.clone())).reshape([b, t, g * k]);
+        let v_new = project(&self.v, w(|q| &q.v), lora(|a| &a.v), normed).reshape([b, t, g * k]);
         let (keys, values, p) = cache.append(k_new, v_new); // [b, P, g·k], p filled
         let attended = B::causal_attention(q, keys, values, padding, AttentionHeads::grouped(h, g), p); // [b, t, h·k]
-        let x = x + adapted(&self.o, lora.and_then(|a| a.o.as_ref()), attended.reshape([b * t, h * k]));
+        let x = x + project(&self.o, w(|q| &q.o), lora(|a| &a.o), attended.reshape([b * t, h * k]));
         let normed = rms(&self.mlp_norm, x.clone());
-        let gate = adapted(&self.gate, lora.and_then(|a| a.gate.as_ref()), normed.clone()); // [b·t, f]
-        let up = adapted(&self.up, lora.and_then(|a| a.up.as_ref()), normed); // [b·t, f]
-        let mlp = adapted(&self.down, lora.and_then(|a| a.down.as_ref()), B::swiglu(gate, up)); // [b·t, d]
+        let gate = project(&self.gate, w(|q| &q.gate), lora(|a| &a.gate), normed.clone()); // [b·t, f]
+        let up = project(&self.up, w(|q| &q.up), lora(|a| &a.up), normed); // [b·t, f]
+        let mlp = project(&self.down, w(|q| &q.down), lora(|a| &a.down), B::swiglu(gate, up)); // [b·t, d]
         x + mlp
     }
 }
 
-impl<B: AttentionBackend + PointwiseBackend> CausalLm<B> for Llm<B> {
+impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> CausalLm<B> for Llm<B> {
     fn n_layers(&self) -> usize {
         self.layers.len()
     }
@@ -294,7 +372,7 @@ impl<B: AttentionBackend + PointwiseBackend> CausalLm<B> for Llm<B> {
     }
 }
 
-impl<B: AttentionBackend + PointwiseBackend> PolicyNetwork<B> for Llm<B> {
+impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> PolicyNetwork<B> for Llm<B> {
     fn hidden_at_and_values(&self, tokens: Tensor<B, 2, Int>, at: Tensor<B, 1, Int>) -> (Tensor<B, 2>, Tensor<B, 2>) {
         self.hidden_at(tokens, at)
     }
@@ -349,7 +427,8 @@ impl<B: AttentionBackend + PointwiseBackend> PolicyNetwork<B> for Llm<B> {
             self.tuned = self.tuned.load_file(file.to_path_buf(), &recorder, device).map_err(failed)?;
             Ok(self)
         } else {
-            self.load_file(file.to_path_buf(), &recorder, device).map_err(failed)
+            // The whole model's weights replace the file's: its quantized copies no longer hold them.
+            self.without_quantized().load_file(file.to_path_buf(), &recorder, device).map_err(failed)
         }
     }
 }

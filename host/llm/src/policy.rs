@@ -14,7 +14,7 @@ use crate::{ChatTemplate, Pretrained};
 use anyhow::Result;
 use burn::prelude::*;
 use ragen_agent::{Context, Message, Policy, Response, Tokenizer, Usage};
-use ragen_ops::{AttentionBackend, PointwiseBackend};
+use ragen_ops::{AttentionBackend, PointwiseBackend, QuantizedBackend};
 use ragen_policy::{KvCache, ReplyRule, Sampling, sample_queue};
 use ragen_rng::SeedRng;
 
@@ -152,7 +152,7 @@ pub struct LlmPolicy<B: Backend> {
     name: String,
 }
 
-impl<B: AttentionBackend + PointwiseBackend> LlmPolicy<B> {
+impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> LlmPolicy<B> {
     pub fn new(pretrained: Pretrained<B>, config: LlmSampling, seed: u64) -> Self {
         let rule = StopRule::new(&pretrained.tokenizer, "</answer>");
         let name = pretrained.path.file_name().map_or_else(|| "pretrained".into(), |n| n.to_string_lossy().into_owned());
@@ -172,7 +172,7 @@ impl<B: AttentionBackend + PointwiseBackend> LlmPolicy<B> {
     }
 }
 
-impl<B: AttentionBackend + PointwiseBackend> Policy for LlmPolicy<B> {
+impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> Policy for LlmPolicy<B> {
     fn name(&self) -> &str {
         &self.name
     }
@@ -208,7 +208,7 @@ impl<B: AttentionBackend + PointwiseBackend> Policy for LlmPolicy<B> {
     }
 }
 
-impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
+impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> Llm<B> {
     /// The longest prompt that leaves room for a reply of `reply` tokens.
     pub fn max_seq_len_for_prompts(&self, reply: usize) -> usize {
         self.max_seq_len.saturating_sub(reply).max(1)
@@ -217,7 +217,7 @@ impl<B: AttentionBackend + PointwiseBackend> Llm<B> {
 
 /// Greedy decoding of one prompt: the most likely token each step, until
 /// `eos` (included) or `max_new_tokens`.
-pub fn greedy<B: AttentionBackend + PointwiseBackend>(
+pub fn greedy<B: AttentionBackend + PointwiseBackend + QuantizedBackend>(
     model: &Llm<B>,
     prompt: &[u32],
     eos: u32,

@@ -22,8 +22,11 @@
 //!   `score_rows`): [`token_scores`], the log-probabilities and entropies
 //!   of the sampled tokens straight from the final hidden states and an
 //!   [`OutputLayer`], never holding more than a chunk of logits.
+//! * [`QuantizedBackend`] (`quantized`): a linear layer's product with
+//!   weights kept quantized ([`QuantMatrix`]), for decoding a few rows at a
+//!   time; flex only, without gradients.
 //! * [`TrainBackend`]: what the learner trains on, an autodiff backend with
-//!   all three whose inner backend has them too.
+//!   all four whose inner backend has them too.
 //!
 //! And what they share:
 //!
@@ -41,6 +44,7 @@ mod gelu;
 mod layer_norm;
 mod passes;
 mod pointwise;
+mod quantized;
 mod rms_norm;
 mod rotary;
 mod score_rows;
@@ -51,21 +55,27 @@ mod swiglu;
 pub use attention::{AttentionBackend, AttentionHeads};
 pub use passes::{concurrent_passes, sum_gradients};
 pub use pointwise::PointwiseBackend;
+pub use quantized::{BLOCK, BlockQ4, BlockQ8, MAX_QUANTIZED_ROWS, QuantBlocks, QuantMatrix, QuantizedBackend};
 pub use scoring::{OutputLayer, ScoreOptions, ScoringBackend, TokenScores, token_scores};
 
 use burn::tensor::backend::AutodiffBackend;
 
 /// What the learner trains on: an autodiff backend with the fused
-/// attention, pointwise and scoring nodes, whose inner backend (sampling
-/// and no-gradient passes) has them too.
+/// attention, pointwise and scoring nodes (and the quantized product,
+/// which it declines), whose inner backend (sampling and no-gradient
+/// passes) has them too.
 pub trait TrainBackend:
-    AutodiffBackend<InnerBackend: AttentionBackend + PointwiseBackend + ScoringBackend> + AttentionBackend + PointwiseBackend + ScoringBackend
+    AutodiffBackend<InnerBackend: AttentionBackend + PointwiseBackend + ScoringBackend + QuantizedBackend>
+    + AttentionBackend
+    + PointwiseBackend
+    + ScoringBackend
+    + QuantizedBackend
 {
 }
 
 impl<B> TrainBackend for B
 where
-    B: AutodiffBackend + AttentionBackend + PointwiseBackend + ScoringBackend,
-    B::InnerBackend: AttentionBackend + PointwiseBackend + ScoringBackend,
+    B: AutodiffBackend + AttentionBackend + PointwiseBackend + ScoringBackend + QuantizedBackend,
+    B::InnerBackend: AttentionBackend + PointwiseBackend + ScoringBackend + QuantizedBackend,
 {
 }

@@ -10,10 +10,11 @@ use crate::model::{KvCache, PolicyModel};
 use burn::prelude::*;
 use ragen_ops::{AttentionBackend, PointwiseBackend};
 use ragen_rng::SeedRng;
+use rayon::prelude::*;
 
 /// A causal language model that extends a KV cache: ours, or a pretrained
 /// one. Sampling needs nothing else.
-pub trait CausalLm<B: Backend> {
+pub trait CausalLm<B: Backend>: Sync {
     fn n_layers(&self) -> usize;
     /// The next `t` tokens `[b, t]` after what `cache` holds: their logits
     /// `[b, t, v]` and values `[b, t]`; the cache is extended.
@@ -41,8 +42,8 @@ impl<B: AttentionBackend + PointwiseBackend> CausalLm<B> for PolicyModel<B> {
 
 /// What a reply may contain next, and when it is done: the answer grammar
 /// (constrained decoding), or free text that stops at a stop sequence.
-pub trait ReplyRule {
-    type State: Copy + PartialEq;
+pub trait ReplyRule: Sync {
+    type State: Copy + PartialEq + Send;
     fn start(&self) -> Self::State;
     /// The tokens allowed next; `None` allows every token.
     fn allowed(&self, state: Self::State) -> Option<&[bool]>;
@@ -204,6 +205,9 @@ pub fn sample_batch_with<B: Backend, M: CausalLm<B>, R: ReplyRule>(
 /// One token for each row `active[i]` from its logits `last[i]`: drawn,
 /// recorded in `out` with its log-probability, and the row's state
 /// advanced (`complete` once the rule is done). Returns the tokens, to feed.
+/// Rows draw in parallel (a vocabulary of tens of thousands is as many
+/// `exp`s a row), each from its own stream, so the draws do not depend on
+/// how the rows are shared out.
 fn draw_step<R: ReplyRule>(
     active: &[usize],
     last: &[Vec<f32>],
@@ -211,17 +215,24 @@ fn draw_step<R: ReplyRule>(
     sampling: Sampling,
     (states, rngs, out): (&mut [R::State], &mut [SeedRng], &mut [Sampled]),
 ) -> Vec<i64> {
-    let mut fed = Vec::with_capacity(active.len());
+    let mut slot = vec![None; out.len()];
     for (i, &r) in active.iter().enumerate() {
-        let dist = log_distribution(&last[i], grammar.allowed(states[r]), sampling.temperature);
-        let token = draw(&narrowed(&dist, sampling), &mut rngs[r]);
-        out[r].tokens.push(token);
-        out[r].logprobs.push(dist[token as usize]);
-        states[r] = grammar.advance(states[r], token);
-        out[r].complete = grammar.is_done(states[r]);
-        fed.push(token as i64);
+        slot[r] = Some(i);
     }
-    fed
+    let mut rows: Vec<_> =
+        states.iter_mut().zip(rngs.iter_mut()).zip(out.iter_mut()).enumerate().filter_map(|(r, row)| slot[r].map(|i| (i, row))).collect();
+    rows.sort_unstable_by_key(|&(i, _)| i);
+    rows.into_par_iter()
+        .map(|(i, ((state, rng), out))| {
+            let dist = log_distribution(&last[i], grammar.allowed(*state), sampling.temperature);
+            let token = draw(&narrowed(&dist, sampling), rng);
+            out.tokens.push(token);
+            out.logprobs.push(dist[token as usize]);
+            *state = grammar.advance(*state, token);
+            out.complete = grammar.is_done(*state);
+            token as i64
+        })
+        .collect()
 }
 
 /// The prompts run through the model, ready to sample from.
@@ -321,6 +332,11 @@ fn prefill_rows<B: Backend, M: CausalLm<B>>(
 /// shares runs once for all of them. Row `r` draws from `rngs[r]` only, so
 /// a reply depends neither on `slots` nor on which prompts shared its
 /// batch.
+///
+/// It runs on a thread of the compute pool: each step is hundreds of small
+/// parallel operations, and from a thread outside the pool every one of
+/// them would be handed over and waited for (two thread wake-ups each, a
+/// fixed cost per step that outweighs a small batch's arithmetic).
 #[allow(clippy::too_many_arguments)]
 pub fn sample_queue<B: Backend, M: CausalLm<B>, R: ReplyRule>(
     model: &M,
@@ -332,7 +348,23 @@ pub fn sample_queue<B: Backend, M: CausalLm<B>, R: ReplyRule>(
     device: &B::Device,
     slots: usize,
 ) -> Vec<Sampled> {
-    let (b, slots, sampling) = (prompts.len(), slots.max(1), temperature.into());
+    let sampling = temperature.into();
+    rayon::scope(|_| queue_in_pool(model, prompts, grammar, sampling, max_new_tokens, rngs, device, slots))
+}
+
+/// [`sample_queue`], on a thread of the pool.
+#[allow(clippy::too_many_arguments)]
+fn queue_in_pool<B: Backend, M: CausalLm<B>, R: ReplyRule>(
+    model: &M,
+    prompts: &[&[u32]],
+    grammar: &R,
+    sampling: Sampling,
+    max_new_tokens: usize,
+    rngs: &mut [SeedRng],
+    device: &B::Device,
+    slots: usize,
+) -> Vec<Sampled> {
+    let (b, slots) = (prompts.len(), slots.max(1));
     assert_eq!(rngs.len(), b, "one random stream per prompt");
     assert!(prompts.iter().all(|p| !p.is_empty()), "every prompt has at least one token (the pre-fill)");
     let mut out: Vec<Sampled> = (0..b).map(|_| Sampled { tokens: vec![], logprobs: vec![], complete: false }).collect();

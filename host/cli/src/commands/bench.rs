@@ -53,10 +53,14 @@ pub struct BenchCommand {
     config: Option<PathBuf>,
     /// With --policy: measure a pretrained model instead (a GGUF file or
     /// a Hugging Face directory): prefill, batched KV-cache sampling
-    /// (64 new tokens a reply) and training (4 x 512 tokens) tokens/s,
-    /// and peak resident memory.
+    /// (64 new tokens a reply, with and without the prefill's time) and
+    /// training (4 x 512 tokens) tokens/s, and peak resident memory.
     #[arg(long, value_name = "PATH", requires = "policy")]
     model: Option<PathBuf>,
+    /// With --model: decode with the `f32` weights even where the file
+    /// stores them quantized (the reference path, to compare against).
+    #[arg(long, requires = "model")]
+    f32_weights: bool,
     /// With --policy: sequences per pass.
     #[arg(long, default_value_t = 32, requires = "policy")]
     batch: usize,
@@ -83,7 +87,7 @@ impl BenchCommand {
         let (batch, seconds) = (self.batch, self.seconds);
         match &self.model {
             Some(model) => {
-                let report = backend::with_backend!(self.backend, B, device => llm::<B>(&file, model, batch, seconds, device)?);
+                let report = backend::with_backend!(self.backend, B, device => llm::<B>(&file, model, batch, seconds, self.f32_weights, device)?);
                 print_report(&report, self.json, ragen_llm::LlmBenchReport::to_text)?;
             }
             None => {
@@ -518,11 +522,15 @@ pub fn llm<B: ragen_ops::TrainBackend>(
     model: &Path,
     batch: usize,
     seconds: f64,
+    f32_weights: bool,
     device: B::Device,
 ) -> Result<ragen_llm::LlmBenchReport> {
     use ragen_agent::{Context as Ctx, Message, PromptBuilder, Role};
-    let pretrained =
+    let mut pretrained =
         crate::term::with_spinner(&format!("loading {}", model.display()), || ragen_llm::Pretrained::<B>::load(model, &device))?;
+    if f32_weights {
+        pretrained.model = pretrained.model.without_quantized();
+    }
     errln!("{}", super::chat::describe(&pretrained));
     let config = ragen_agent::AgentConfig::default();
     let plugin = Plugin::from_file(file)?;

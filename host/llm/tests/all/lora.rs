@@ -38,7 +38,7 @@ fn lora_with_b_zero_gives_exactly_the_base_models_logits() {
 }
 
 /// A smooth scalar of the logits: their mean against fixed weights.
-fn loss<Bk: ragen_ops::AttentionBackend + ragen_ops::PointwiseBackend>(model: &Llm<Bk>) -> Tensor<Bk, 1> {
+fn loss<Bk: ragen_ops::AttentionBackend + ragen_ops::PointwiseBackend + ragen_ops::QuantizedBackend>(model: &Llm<Bk>) -> Tensor<Bk, 1> {
     let (logits, values) = model.forward(tokens());
     let [b, t, v] = logits.dims();
     let w: Vec<f32> = (0..b * t * v).map(|i| ((i * 7919 % 1000) as f32 / 1000.0) - 0.5).collect();
