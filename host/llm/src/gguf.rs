@@ -398,9 +398,9 @@ pub fn quantized(kind: TensorType, bytes: &[u8], n: usize) -> Option<Blocks> {
     let blocks = bytes.chunks_exact(size);
     Some(match kind {
         TensorType::F32 | TensorType::F16 | TensorType::BF16 => return None,
-        TensorType::Q8_0 => Blocks::Exact(QuantBlocks::Q8(
-            blocks.map(|b| BlockQ8 { d: half16(b), qs: std::array::from_fn(|i| b[2 + i] as i8) }).collect(),
-        )),
+        TensorType::Q8_0 => {
+            Blocks::Exact(QuantBlocks::Q8(blocks.map(|b| BlockQ8 { d: half16(b), qs: std::array::from_fn(|i| b[2 + i] as i8) }).collect()))
+        }
         // Q4_0's `d·(q − 8)` is `d·q + m` with `m = −8d`, exactly.
         TensorType::Q4_0 => Blocks::Exact(QuantBlocks::Q4(
             blocks.map(|b| BlockQ4 { d: half16(b), m: -8.0 * half16(b), qs: b[2..18].try_into().expect("16") }).collect(),

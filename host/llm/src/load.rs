@@ -14,9 +14,9 @@ use anyhow::{Context, Result, bail, ensure};
 use burn::module::Param;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::prelude::*;
+use ragen_ops::QuantMatrix;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
-use ragen_ops::QuantMatrix;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -309,8 +309,15 @@ fn attach_quantized<B: Backend>(model: &mut Llm<B>, config: &LlmConfig, source: 
     model.lm_head_quantized = source.quantized(output)?.map(Arc::new);
     for (i, layer) in model.layers.iter_mut().enumerate() {
         let w = |part: Part| source.quantized(Weight::Layer(i, part));
-        let quantized =
-            LayerQuantized { q: w(Part::Q)?, k: w(Part::K)?, v: w(Part::V)?, o: w(Part::O)?, gate: w(Part::Gate)?, up: w(Part::Up)?, down: w(Part::Down)? };
+        let quantized = LayerQuantized {
+            q: w(Part::Q)?,
+            k: w(Part::K)?,
+            v: w(Part::V)?,
+            o: w(Part::O)?,
+            gate: w(Part::Gate)?,
+            up: w(Part::Up)?,
+            down: w(Part::Down)?,
+        };
         layer.quantized = (quantized.bytes() > 0).then(|| Arc::new(quantized));
     }
     Ok(())

@@ -79,7 +79,11 @@ pub struct LayerQuantized {
 
 impl LayerQuantized {
     pub(crate) fn bytes(&self) -> usize {
-        [&self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down].iter().filter_map(|w| w.as_ref()).map(QuantMatrix::bytes).sum()
+        [&self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down]
+            .iter()
+            .filter_map(|w| w.as_ref())
+            .map(QuantMatrix::bytes)
+            .sum()
     }
 }
 
@@ -300,7 +304,12 @@ fn rms<B: PointwiseBackend>(norm: &RmsNorm<B>, x: Tensor<B, 2>) -> Tensor<B, 2> 
 /// `[n, o]`): by its quantized weight where there is one and the backend
 /// multiplies by it, else by its `f32` weight; plus the LoRA adapter's
 /// update when there is one.
-fn project<B: QuantizedBackend>(linear: &Linear<B>, quantized: Option<&QuantMatrix>, lora: Option<&Lora<B>>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+fn project<B: QuantizedBackend>(
+    linear: &Linear<B>,
+    quantized: Option<&QuantMatrix>,
+    lora: Option<&Lora<B>>,
+    x: Tensor<B, 2>,
+) -> Tensor<B, 2> {
     let base = match quantized.and_then(|w| B::quantized_linear(x.clone(), w)) {
         Some(y) => match &linear.bias {
             Some(bias) => y + bias.val().unsqueeze(),

@@ -507,8 +507,7 @@ mod tests {
         let mut out = vec![0f64; n * w.rows];
         for i in 0..n {
             for r in 0..w.rows {
-                out[i * w.rows + r] =
-                    (0..w.cols).map(|c| x[i * w.cols + c] as f64 * dense[r * w.cols + c] as f64).sum();
+                out[i * w.rows + r] = (0..w.cols).map(|c| x[i * w.cols + c] as f64 * dense[r * w.cols + c] as f64).sum();
             }
         }
         out
@@ -538,7 +537,12 @@ mod tests {
                     + 1e-4 * want[i * w.rows + r].abs()
                     + 1e-5;
                 let err = (got[i * w.rows + r] as f64 - want[i * w.rows + r]).abs();
-                assert!(err <= bound, "row {i}, output {r}: {} against {} (error {err} over the bound {bound})", got[i * w.rows + r], want[i * w.rows + r]);
+                assert!(
+                    err <= bound,
+                    "row {i}, output {r}: {} against {} (error {err} over the bound {bound})",
+                    got[i * w.rows + r],
+                    want[i * w.rows + r]
+                );
             }
         }
     }

@@ -87,7 +87,8 @@ impl BenchCommand {
         let (batch, seconds) = (self.batch, self.seconds);
         match &self.model {
             Some(model) => {
-                let report = backend::with_backend!(self.backend, B, device => llm::<B>(&file, model, batch, seconds, self.f32_weights, device)?);
+                let report =
+                    backend::with_backend!(self.backend, B, device => llm::<B>(&file, model, batch, seconds, self.f32_weights, device)?);
                 print_report(&report, self.json, ragen_llm::LlmBenchReport::to_text)?;
             }
             None => {

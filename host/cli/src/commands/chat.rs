@@ -61,7 +61,10 @@ pub struct Options {
 }
 
 /// Load the model, describe it on stderr, print the reply on stdout.
-pub fn chat<B: ragen_ops::AttentionBackend + ragen_ops::PointwiseBackend + ragen_ops::QuantizedBackend>(opts: Options, device: B::Device) -> Result<()> {
+pub fn chat<B: ragen_ops::AttentionBackend + ragen_ops::PointwiseBackend + ragen_ops::QuantizedBackend>(
+    opts: Options,
+    device: B::Device,
+) -> Result<()> {
     let started = Instant::now();
     let m = crate::term::with_spinner(&format!("loading {}", opts.model.display()), || Pretrained::<B>::load(&opts.model, &device))?;
     errln!("{} (loaded in {:.1} s)", describe(&m), started.elapsed().as_secs_f64());

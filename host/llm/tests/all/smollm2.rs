@@ -120,7 +120,8 @@ fn quantized_decoding_stays_within_tolerance_of_f32() {
     sequence.extend(ids(&fixture["greedy"]["ids"]));
     let t = sequence.len();
     let input: Vec<i64> = sequence.iter().map(|&x| x as i64).collect();
-    let (logits, _) = m.model.clone().without_quantized().forward(Tensor::<B, 2, Int>::from_data(TensorData::new(input, [1, t]), &m.device));
+    let (logits, _) =
+        m.model.clone().without_quantized().forward(Tensor::<B, 2, Int>::from_data(TensorData::new(input, [1, t]), &m.device));
     let v = m.model.vocab_size();
     let reference = logits.into_data().to_vec::<f32>().unwrap(); // [t·v]
     // Per position: the largest logit gap, the f32 path's top-two margin,
@@ -169,7 +170,6 @@ fn top_two(values: &[f32]) -> (usize, f32) {
     }
     (best, first - second)
 }
-
 
 /// KL(p ‖ q) of the softmaxes of two logit vectors, in nats.
 fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
