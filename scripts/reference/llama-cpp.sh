@@ -6,17 +6,19 @@
 # tokens/s on the default model, alternating with our own bench at the same
 # shapes so both see the same machine. Not part of CI.
 #
-#   scripts/reference/llama-cpp.sh build            # once, about 10 minutes on 2 cores
-#   scripts/reference/llama-cpp.sh run [ROUNDS]     # default 2 rounds of each
+#   scripts/reference/llama-cpp.sh build            # once, about 5 minutes on 2 cores
+#   scripts/reference/llama-cpp.sh run [ROUNDS]     # default 2 rounds of each, 8 minutes a round
 #
 # `run` needs the host binary (cargo build -p ragen-host), `make model` and
 # `make plugins`. Shapes: the model's Q4_1 GGUF, 2 threads, prompt 277
 # tokens (SimpleSokoban's first prompt through the chat template), reply 64
 # tokens, batches 1, 8 and 64; every row its own prompt (no prompt sharing).
 #
-# The build is not native: -DGGML_NATIVE=OFF with the instruction sets named.
-# A native build can die with an illegal instruction on a VM whose CPU
-# reports more than the hypervisor lets it run.
+# The build is not native: -DGGML_NATIVE=OFF, with each instruction set
+# named on or off as /proc/cpuinfo reports it. A native build can die with
+# an illegal instruction on a VM whose CPU reports more than the hypervisor
+# lets it run; naming sets the CPU lacks (AVX-512 on an AVX2-only machine)
+# dies the same way.
 set -euo pipefail
 
 VERSION=0.3.36
@@ -45,8 +47,15 @@ build() {
     mv "$WORK/sdist/llama_cpp_python-$VERSION/vendor/llama.cpp" "$WORK/src"
     rm -rf "$WORK/sdist"
   fi
-  "$WORK/venv/bin/cmake" -S "$WORK/src" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON \
+  # Each instruction set named on or off by what the CPU reports.
+  local flags=() cpu
+  cpu=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+    avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    case "$cpu" in *" ${pair%%:*} "*) flags+=("-DGGML_${pair#*:}=ON") ;; *) flags+=("-DGGML_${pair#*:}=OFF") ;; esac
+  done
+  echo "instruction sets: ${flags[*]}"
+  "$WORK/venv/bin/cmake" -S "$WORK/src" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${flags[@]}" \
     -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
   "$WORK/venv/bin/cmake" --build "$WORK/build" -j "$(nproc)" --target llama-bench llama-batched-bench
   echo "built $WORK/build/bin/llama-bench and llama-batched-bench (llama.cpp from llama-cpp-python $VERSION)"
@@ -62,8 +71,8 @@ llama() {
 # One of our bench passes per batch, at the same shapes.
 ours() {
   for b in 1 8 64; do
-    "$HOST" bench --policy --model "$MODEL" --batch "$b" --threads "$THREADS" --json "$PLUGIN" |
-      python3 -c "import json, sys; r = json.load(sys.stdin); print(f\"ours batch {r['batch']}: prefill {r['prefill_tokens_per_s']:.0f} tok/s, generation {r['generation_tokens_per_s']:.0f} tok/s (prompt {r['prompt_tokens'] // r['batch']})\")"
+    "$HOST" bench --policy --model "$MODEL" --batch "$b" --threads "$THREADS" --json "$PLUGIN" 2>/dev/null |
+      python3 -c "import json, sys; r = json.load(sys.stdin); print(f\"ours batch {r['batch']}: prefill {r['prefill_tokens_per_s']:.0f} tok/s, generation {r['generation_tokens_per_s']:.0f} tok/s (prompt {r['prompt_tokens']})\")"
   done
 }
 
