@@ -309,13 +309,15 @@ fn attach_quantized<B: Backend>(model: &mut Llm<B>, config: &LlmConfig, source: 
     model.lm_head_quantized = source.quantized(output)?.map(Arc::new);
     for (i, layer) in model.layers.iter_mut().enumerate() {
         let w = |part: Part| source.quantized(Weight::Layer(i, part));
+        // Stacked only when every part is quantized alike; else those stay `f32`.
+        let stack = |parts: &[Part]| -> Result<Option<QuantMatrix>> {
+            let kept = parts.iter().map(|&p| w(p)).collect::<Result<Option<Vec<_>>>>()?;
+            Ok(kept.and_then(|kept| QuantMatrix::stack(&kept.iter().collect::<Vec<_>>())))
+        };
         let quantized = LayerQuantized {
-            q: w(Part::Q)?,
-            k: w(Part::K)?,
-            v: w(Part::V)?,
+            qkv: stack(&[Part::Q, Part::K, Part::V])?,
             o: w(Part::O)?,
-            gate: w(Part::Gate)?,
-            up: w(Part::Up)?,
+            gate_up: stack(&[Part::Gate, Part::Up])?,
             down: w(Part::Down)?,
         };
         layer.quantized = (quantized.bytes() > 0).then(|| Arc::new(quantized));

@@ -63,27 +63,25 @@ pub struct DecoderLayer<B: Backend> {
 
 /// A decoder layer's projections kept quantized, each `[out, in]` (one
 /// output per row), for decoding a few rows at a time: each is read at its
-/// stored size instead of as `f32` ([`ragen_ops::QuantizedBackend`]). Only
-/// while the base is frozen: [`Llm::with_lora`] without LoRA (the whole
-/// model trains) and loading a whole model's weights drop them.
+/// stored size instead of as `f32` ([`ragen_ops::QuantizedBackend`]). The
+/// projections that read the same input are stacked, so that one product
+/// (one pass over the input, one parallel call) gives their outputs side
+/// by side. Only while the base is frozen: [`Llm::with_lora`] without
+/// LoRA (the whole model trains) and loading a whole model's weights drop
+/// them.
 #[derive(Debug, Default)]
 pub struct LayerQuantized {
-    pub q: Option<QuantMatrix>,
-    pub k: Option<QuantMatrix>,
-    pub v: Option<QuantMatrix>,
+    /// q, k and v stacked: `[h·k + 2·g·k, d]`.
+    pub qkv: Option<QuantMatrix>,
     pub o: Option<QuantMatrix>,
-    pub gate: Option<QuantMatrix>,
-    pub up: Option<QuantMatrix>,
+    /// gate and up stacked: `[2f, d]`.
+    pub gate_up: Option<QuantMatrix>,
     pub down: Option<QuantMatrix>,
 }
 
 impl LayerQuantized {
     pub(crate) fn bytes(&self) -> usize {
-        [&self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down]
-            .iter()
-            .filter_map(|w| w.as_ref())
-            .map(QuantMatrix::bytes)
-            .sum()
+        [&self.qkv, &self.o, &self.gate_up, &self.down].iter().filter_map(|w| w.as_ref()).map(QuantMatrix::bytes).sum()
     }
 }
 
@@ -310,17 +308,40 @@ fn project<B: QuantizedBackend>(
     lora: Option<&Lora<B>>,
     x: Tensor<B, 2>,
 ) -> Tensor<B, 2> {
-    let base = match quantized.and_then(|w| B::quantized_linear(x.clone(), w)) {
-        Some(y) => match &linear.bias {
-            Some(bias) => y + bias.val().unsqueeze(),
-            None => y,
-        },
-        None => linear.forward(x.clone()),
-    };
-    match lora {
-        Some(lora) => base + lora.forward(x),
-        None => base,
-    }
+    let [y] = project_stacked([linear], quantized, [lora], x);
+    y
+}
+
+/// [`project`] for linear layers that read the same `x` `[n, i]`, their
+/// quantized weights stacked in `stacked` (as [`QuantMatrix::stack`]):
+/// one product, split into each layer's outputs `[n, oⱼ]`.
+fn project_stacked<B: QuantizedBackend, const N: usize>(
+    linears: [&Linear<B>; N],
+    stacked: Option<&QuantMatrix>,
+    loras: [Option<&Lora<B>>; N],
+    x: Tensor<B, 2>,
+) -> [Tensor<B, 2>; N] {
+    let product = stacked.and_then(|w| B::quantized_linear(x.clone(), w)); // [n, Σ oⱼ]
+    let mut at = 0;
+    std::array::from_fn(|j| {
+        let linear = linears[j];
+        let base = match &product {
+            Some(y) => {
+                let width = linear.weight.dims()[1];
+                let part = y.clone().narrow(1, at, width);
+                at += width;
+                match &linear.bias {
+                    Some(bias) => part + bias.val().unsqueeze(),
+                    None => part,
+                }
+            }
+            None => linear.forward(x.clone()),
+        };
+        match loras[j] {
+            Some(lora) => base + lora.forward(x.clone()),
+            None => base,
+        }
+    })
 }
 
 /// The attention's shape: batch `b`, new positions `t`, query heads `h`,
@@ -353,15 +374,16 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> DecoderLayer<B> 
         let w = |pick: fn(&LayerQuantized) -> &Option<QuantMatrix>| quantized.and_then(|q| pick(q).as_ref());
         let lora = |pick: fn(&LayerAdapters<B>) -> &Option<Lora<B>>| lora.and_then(|a| pick(a).as_ref());
         let normed = rms(&self.attn_norm, x.clone());
-        let q = rotation.apply(project(&self.q, w(|q| &q.q), lora(|a| &a.q), normed.clone())).reshape([b, t, h * k]);
-        let k_new = rotation.apply(project(&self.k, w(|q| &q.k), lora(|a| &a.k), normed.clone())).reshape([b, t, g * k]);
-        let v_new = project(&self.v, w(|q| &q.v), lora(|a| &a.v), normed).reshape([b, t, g * k]);
+        let [q, k_new, v_new] =
+            project_stacked([&self.q, &self.k, &self.v], w(|q| &q.qkv), [lora(|a| &a.q), lora(|a| &a.k), lora(|a| &a.v)], normed);
+        let q = rotation.apply(q).reshape([b, t, h * k]);
+        let k_new = rotation.apply(k_new).reshape([b, t, g * k]);
+        let v_new = v_new.reshape([b, t, g * k]);
         let (keys, values, p) = cache.append(k_new, v_new); // [b, P, g·k], p filled
         let attended = B::causal_attention(q, keys, values, padding, AttentionHeads::grouped(h, g), p); // [b, t, h·k]
         let x = x + project(&self.o, w(|q| &q.o), lora(|a| &a.o), attended.reshape([b * t, h * k]));
         let normed = rms(&self.mlp_norm, x.clone());
-        let gate = project(&self.gate, w(|q| &q.gate), lora(|a| &a.gate), normed.clone()); // [b·t, f]
-        let up = project(&self.up, w(|q| &q.up), lora(|a| &a.up), normed); // [b·t, f]
+        let [gate, up] = project_stacked([&self.gate, &self.up], w(|q| &q.gate_up), [lora(|a| &a.gate), lora(|a| &a.up)], normed); // [b·t, f] each
         let mlp = project(&self.down, w(|q| &q.down), lora(|a| &a.down), B::swiglu(gate, up)); // [b·t, d]
         x + mlp
     }

@@ -147,6 +147,30 @@ impl QuantMatrix {
         Self::new(order.len(), self.cols, blocks)
     }
 
+    /// The rows of `parts` one after another (`[Σ rows, cols]`), so that
+    /// one product gives all their outputs side by side; `None` when they
+    /// differ in width or block kind.
+    pub fn stack(parts: &[&QuantMatrix]) -> Option<Self> {
+        let first = parts.first()?;
+        let blocks = match &first.blocks {
+            QuantBlocks::Q4(_) => QuantBlocks::Q4(
+                parts
+                    .iter()
+                    .map(|p| if let QuantBlocks::Q4(b) = &p.blocks { Some(b.as_slice()) } else { None })
+                    .collect::<Option<Vec<_>>>()?
+                    .concat(),
+            ),
+            QuantBlocks::Q8(_) => QuantBlocks::Q8(
+                parts
+                    .iter()
+                    .map(|p| if let QuantBlocks::Q8(b) = &p.blocks { Some(b.as_slice()) } else { None })
+                    .collect::<Option<Vec<_>>>()?
+                    .concat(),
+            ),
+        };
+        parts.iter().all(|p| p.cols == first.cols).then(|| Self::new(parts.iter().map(|p| p.rows).sum(), first.cols, blocks))
+    }
+
     /// Every value as `f32`, row-major `[rows, cols]`.
     pub fn dequantize(&self) -> Vec<f32> {
         match &self.blocks {
@@ -571,6 +595,21 @@ mod tests {
         for n in [1, 5] {
             check_against_reference(&w, n, 10 + n as u64);
         }
+    }
+
+    #[test]
+    fn stacked_matrices_give_their_products_side_by_side() {
+        let mut rng = SeedRng::new(6);
+        let (a, b) = (q4_matrix(&mut rng, 3, 64), q4_matrix(&mut rng, 5, 64));
+        let stacked = QuantMatrix::stack(&[&a, &b]).expect("same width and kind");
+        assert_eq!(stacked.rows(), 8);
+        let x = f32_tensor(uniform(&mut rng, 2 * 64, 1.0), [2, 64]);
+        let both = Flex::quantized_linear(x.clone(), &stacked).unwrap();
+        let apart = Tensor::cat(vec![Flex::quantized_linear(x.clone(), &a).unwrap(), Flex::quantized_linear(x, &b).unwrap()], 1);
+        assert_eq!(both.into_data().to_vec::<f32>().unwrap(), apart.into_data().to_vec::<f32>().unwrap());
+        let eight = QuantMatrix::quantize_q8(&[0.5; 64], 1, 64);
+        assert!(QuantMatrix::stack(&[&a, &eight]).is_none(), "4-bit and 8-bit blocks do not stack");
+        assert!(QuantMatrix::stack(&[&a, &q4_matrix(&mut rng, 1, 32)]).is_none(), "widths differ");
     }
 
     #[test]
