@@ -50,6 +50,9 @@ pub struct LlmBenchReport {
     pub quantized_weight_bytes: Option<usize>,
     pub train_rows: usize,
     pub train_len: usize,
+    /// What trains: `full` (every weight), `lora-f32-base` or
+    /// `lora-quantized-base` (QLoRA: the frozen base kept only quantized).
+    pub trains: &'static str,
     pub train_tokens_per_s: f64,
     /// Peak resident memory of the process (`VmHWM`), MiB.
     pub peak_rss_mib: f64,
@@ -119,6 +122,11 @@ pub fn bench_llm<B: ragen_ops::TrainBackend>(model: &Llm<B>, config: &LlmBenchCo
         quantized_weight_bytes: model.quantized_bytes(),
         train_rows: config.train_rows,
         train_len: config.train_len,
+        trains: match (model.has_adapters(), model.base_is_quantized_only()) {
+            (false, _) => "full",
+            (true, false) => "lora-f32-base",
+            (true, true) => "lora-quantized-base",
+        },
         train_tokens_per_s: train,
         peak_rss_mib: peak_rss_mib().unwrap_or(f64::NAN),
     }
@@ -140,7 +148,7 @@ impl LlmBenchReport {
              prefill                       {:>10.0} tokens/s\n\
              sample, KV cache, batched     {:>10.0} tokens/s (prefill included)\n\
              generation                    {:>10.0} tokens/s (prefill taken out)\n\
-             train (forward + backward)    {:>10.0} tokens/s\n\
+             train (forward + backward)    {:>10.0} tokens/s ({})\n\
              peak resident memory          {:>10.0} MiB\n",
             self.batch,
             self.prompt_tokens,
@@ -155,6 +163,11 @@ impl LlmBenchReport {
             self.sample_tokens_per_s,
             self.generation_tokens_per_s,
             self.train_tokens_per_s,
+            match self.trains {
+                "full" => "every weight",
+                "lora-f32-base" => "LoRA on the f32 base",
+                _ => "LoRA on the quantized base",
+            },
             self.peak_rss_mib,
         )
     }

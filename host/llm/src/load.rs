@@ -310,15 +310,15 @@ fn attach_quantized<B: Backend>(model: &mut Llm<B>, config: &LlmConfig, source: 
     for (i, layer) in model.layers.iter_mut().enumerate() {
         let w = |part: Part| source.quantized(Weight::Layer(i, part));
         // Stacked only when every part is quantized alike; else those stay `f32`.
-        let stack = |parts: &[Part]| -> Result<Option<QuantMatrix>> {
+        let stack = |parts: &[Part]| -> Result<Option<Arc<QuantMatrix>>> {
             let kept = parts.iter().map(|&p| w(p)).collect::<Result<Option<Vec<_>>>>()?;
-            Ok(kept.and_then(|kept| QuantMatrix::stack(&kept.iter().collect::<Vec<_>>())))
+            Ok(kept.and_then(|kept| QuantMatrix::stack(&kept.iter().collect::<Vec<_>>())).map(Arc::new))
         };
         let quantized = LayerQuantized {
             qkv: stack(&[Part::Q, Part::K, Part::V])?,
-            o: w(Part::O)?,
+            o: w(Part::O)?.map(Arc::new),
             gate_up: stack(&[Part::Gate, Part::Up])?,
-            down: w(Part::Down)?,
+            down: w(Part::Down)?.map(Arc::new),
         };
         layer.quantized = (quantized.bytes() > 0).then(|| Arc::new(quantized));
     }

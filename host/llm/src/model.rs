@@ -68,20 +68,21 @@ pub struct DecoderLayer<B: Backend> {
 /// (one pass over the input, one parallel call) gives their outputs side
 /// by side. Only while the base is frozen: [`Llm::with_lora`] without
 /// LoRA (the whole model trains) and loading a whole model's weights drop
-/// them.
+/// them; with LoRA, on a backend that trains on them, they are all that is
+/// kept of the base's projections (QLoRA).
 #[derive(Debug, Default)]
 pub struct LayerQuantized {
     /// q, k and v stacked: `[h·k + 2·g·k, d]`.
-    pub qkv: Option<QuantMatrix>,
-    pub o: Option<QuantMatrix>,
+    pub qkv: Option<Arc<QuantMatrix>>,
+    pub o: Option<Arc<QuantMatrix>>,
     /// gate and up stacked: `[2f, d]`.
-    pub gate_up: Option<QuantMatrix>,
-    pub down: Option<QuantMatrix>,
+    pub gate_up: Option<Arc<QuantMatrix>>,
+    pub down: Option<Arc<QuantMatrix>>,
 }
 
 impl LayerQuantized {
     pub(crate) fn bytes(&self) -> usize {
-        [&self.qkv, &self.o, &self.gate_up, &self.down].iter().filter_map(|w| w.as_ref()).map(QuantMatrix::bytes).sum()
+        [&self.qkv, &self.o, &self.gate_up, &self.down].iter().filter_map(|w| w.as_deref()).map(QuantMatrix::bytes).sum()
     }
 }
 
@@ -155,7 +156,11 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> Llm<B> {
     /// The model with LoRA adapters on `config`'s target layers (`B` = 0,
     /// so it computes what it did) and everything else frozen but the value
     /// head. With LoRA off the whole model trains, so its quantized
-    /// copies (which would go stale) are dropped.
+    /// copies (which would go stale) are dropped. With LoRA on, on a
+    /// backend that trains on quantized weights
+    /// ([`QuantizedBackend::trains_on_quantized`]), the `f32` copies of the
+    /// projections kept quantized are dropped instead (QLoRA): the frozen
+    /// base is read at its stored size, in training too.
     pub fn with_lora(mut self, config: &LoraConfig) -> Self {
         if !config.is_on() {
             return self.without_quantized();
@@ -168,6 +173,9 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> Llm<B> {
             kv: self.n_kv_heads * k,
             f: self.layers.first().map_or(0, |l| l.gate.weight.dims()[1]),
         };
+        if B::trains_on_quantized() {
+            self.layers.iter_mut().for_each(DecoderLayer::drop_f32_covered);
+        }
         self.embed = self.embed.map(Module::no_grad);
         self.layers = self.layers.into_iter().map(Module::no_grad).collect();
         self.norm = self.norm.no_grad();
@@ -184,6 +192,12 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> Llm<B> {
             layer.quantized = None;
         }
         self
+    }
+
+    /// Whether the frozen base's projections are kept only quantized
+    /// (QLoRA, see [`Llm::with_lora`]).
+    pub fn base_is_quantized_only(&self) -> bool {
+        self.layers.iter().any(|l| dropped(&l.q) || dropped(&l.o) || dropped(&l.gate) || dropped(&l.down))
     }
 
     /// Bytes of the quantized weights decoding reads instead of the `f32`
@@ -263,7 +277,7 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> Llm<B> {
 
     /// The output layer: hidden states `[n, d]` to logits `[n, v]`.
     fn output(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        project(&self.lm_head, self.lm_head_quantized.as_deref(), None, x)
+        project(&self.lm_head, self.lm_head_quantized.as_ref(), None, x)
     }
 
     /// The final hidden states `[b·t, d]`, normalised. Activations stay 2-D
@@ -298,13 +312,20 @@ fn rms<B: PointwiseBackend>(norm: &RmsNorm<B>, x: Tensor<B, 2>) -> Tensor<B, 2> 
     B::fused_rms_norm(x, norm.gamma.val(), norm.epsilon)
 }
 
+/// Whether `linear`'s `f32` weight was dropped for its quantized copy: it
+/// is then `[0, o]`, which keeps the layer's width and makes any product
+/// by it fail loudly.
+fn dropped<B: Backend>(linear: &Linear<B>) -> bool {
+    linear.weight.dims()[0] == 0
+}
+
 /// `x` `[n, i]` through one of the base's linear layers (`x·W + bias`,
 /// `[n, o]`): by its quantized weight where there is one and the backend
-/// multiplies by it, else by its `f32` weight; plus the LoRA adapter's
-/// update when there is one.
+/// multiplies by it (always, when the `f32` weight was dropped), else by
+/// its `f32` weight; plus the LoRA adapter's update when there is one.
 fn project<B: QuantizedBackend>(
     linear: &Linear<B>,
-    quantized: Option<&QuantMatrix>,
+    quantized: Option<&Arc<QuantMatrix>>,
     lora: Option<&Lora<B>>,
     x: Tensor<B, 2>,
 ) -> Tensor<B, 2> {
@@ -317,7 +338,7 @@ fn project<B: QuantizedBackend>(
 /// one product, split into each layer's outputs `[n, oⱼ]`.
 fn project_stacked<B: QuantizedBackend, const N: usize>(
     linears: [&Linear<B>; N],
-    stacked: Option<&QuantMatrix>,
+    stacked: Option<&Arc<QuantMatrix>>,
     loras: [Option<&Lora<B>>; N],
     x: Tensor<B, 2>,
 ) -> [Tensor<B, 2>; N] {
@@ -325,16 +346,21 @@ fn project_stacked<B: QuantizedBackend, const N: usize>(
     let mut at = 0;
     std::array::from_fn(|j| {
         let linear = linears[j];
-        let base = match &product {
-            Some(y) => {
-                let width = linear.weight.dims()[1];
-                let part = y.clone().narrow(1, at, width);
-                at += width;
-                match &linear.bias {
-                    Some(bias) => part + bias.val().unsqueeze(),
-                    None => part,
-                }
-            }
+        let width = linear.weight.dims()[1];
+        let rows = at..at + width;
+        at += width;
+        let part = match (&product, stacked) {
+            (Some(y), _) => Some(y.clone().narrow(1, rows.start, width)),
+            // Without the f32 weight, each part is its own product (so that
+            // autodiff has no split to undo).
+            (None, Some(w)) if dropped(linear) => Some(B::quantized_linear_rows(x.clone(), w, rows)),
+            (None, _) => None,
+        };
+        let base = match part {
+            Some(part) => match &linear.bias {
+                Some(bias) => part + bias.val().unsqueeze(),
+                None => part,
+            },
             None => linear.forward(x.clone()),
         };
         match loras[j] {
@@ -355,6 +381,30 @@ struct Heads {
     k: usize,
 }
 
+impl<B: Backend> DecoderLayer<B> {
+    /// Drops the `f32` weights of the projections that are kept quantized
+    /// (their biases stay): each becomes `[0, o]` ([`dropped`]).
+    fn drop_f32_covered(&mut self) {
+        let Some(quantized) = self.quantized.clone() else { return };
+        let drop = |linear: &mut Linear<B>| {
+            let [_, o] = linear.weight.dims();
+            linear.weight = Param::from_tensor(Tensor::zeros([0, o], &linear.weight.device()));
+        };
+        if quantized.qkv.is_some() {
+            [&mut self.q, &mut self.k, &mut self.v].into_iter().for_each(drop);
+        }
+        if quantized.o.is_some() {
+            drop(&mut self.o);
+        }
+        if quantized.gate_up.is_some() {
+            [&mut self.gate, &mut self.up].into_iter().for_each(drop);
+        }
+        if quantized.down.is_some() {
+            drop(&mut self.down);
+        }
+    }
+}
+
 impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> DecoderLayer<B> {
     /// x `[b·t, d]`; the cache holds keys and values `[b, P, g·k]`, already
     /// rotated; `padding` `[b, t, p]` hides padded keys; `lora` adds its
@@ -371,7 +421,7 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> DecoderLayer<B> 
     ) -> Tensor<B, 2> {
         let Heads { b, t, h, g, k } = s;
         let quantized = self.quantized.as_deref();
-        let w = |pick: fn(&LayerQuantized) -> &Option<QuantMatrix>| quantized.and_then(|q| pick(q).as_ref());
+        let w = |pick: fn(&LayerQuantized) -> &Option<Arc<QuantMatrix>>| quantized.and_then(|q| pick(q).as_ref());
         let lora = |pick: fn(&LayerAdapters<B>) -> &Option<Lora<B>>| lora.and_then(|a| pick(a).as_ref());
         let normed = rms(&self.attn_norm, x.clone());
         let [q, k_new, v_new] =

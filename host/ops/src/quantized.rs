@@ -43,10 +43,16 @@
 
 use burn::backend::Autodiff;
 use burn::backend::Flex;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::prelude::*;
 use rayon::prelude::*;
+use std::ops::Range;
+use std::sync::Arc;
 
+use crate::autodiff::{primitive, record, tensor, unary};
 use crate::flex::{f32_tensor, f32_values};
 
 /// Values per block, for both kinds.
@@ -171,12 +177,50 @@ impl QuantMatrix {
         parts.iter().all(|p| p.cols == first.cols).then(|| Self::new(parts.iter().map(|p| p.rows).sum(), first.cols, blocks))
     }
 
-    /// Every value as `f32`, row-major `[rows, cols]`.
+    /// Rows `rows` transposed, `[cols, rows.len()]` row-major, as `f32`: a
+    /// linear layer's weight in Burn's layout (`[in, out]`). One parallel
+    /// task per block column, writing its 32 rows of the result.
+    pub fn dequantize_transposed(&self, rows: Range<usize>) -> Vec<f32> {
+        let (n, per) = (rows.len(), self.cols / BLOCK);
+        let mut out = vec![0f32; n * self.cols];
+        out.par_chunks_mut(BLOCK * n).enumerate().for_each(|(c, out)| {
+            for (j, r) in rows.clone().enumerate() {
+                match &self.blocks {
+                    QuantBlocks::Q4(b) => {
+                        let b = &b[r * per + c];
+                        for i in 0..BLOCK {
+                            out[i * n + j] = b.d * nibble(&b.qs, i) as f32 + b.m;
+                        }
+                    }
+                    QuantBlocks::Q8(b) => {
+                        let b = &b[r * per + c];
+                        for (i, &q) in b.qs.iter().enumerate() {
+                            out[i * n + j] = b.d * q as f32;
+                        }
+                    }
+                }
+            }
+        });
+        out
+    }
+
+    /// Every value as `f32`, row-major `[rows, cols]` (blocks in parallel).
     pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        let chunks = out.par_chunks_mut(BLOCK);
         match &self.blocks {
-            QuantBlocks::Q4(b) => b.iter().flat_map(|b| (0..BLOCK).map(move |i| b.d * nibble(&b.qs, i) as f32 + b.m)).collect(),
-            QuantBlocks::Q8(b) => b.iter().flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32)).collect(),
+            QuantBlocks::Q4(b) => chunks.zip(b).for_each(|(out, b)| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = b.d * nibble(&b.qs, i) as f32 + b.m;
+                }
+            }),
+            QuantBlocks::Q8(b) => chunks.zip(b).for_each(|(out, b)| {
+                for (o, &q) in out.iter_mut().zip(&b.qs) {
+                    *o = b.d * q as f32;
+                }
+            }),
         }
+        out
     }
 }
 
@@ -198,8 +242,17 @@ fn nibble(qs: &[u8; 16], i: usize) -> u8 {
 
 /// A backend that multiplies by a [`QuantMatrix`] as it is stored.
 ///
-/// Every backend the host builds implements it; only flex multiplies (for
-/// few rows), the others decline and the caller uses its `f32` weights.
+/// Every backend the host builds implements it. Two uses:
+///
+/// * decoding a few rows ([`QuantizedBackend::quantized_linear`]): only
+///   flex multiplies, the others decline and the caller uses its `f32`
+///   weights;
+/// * a base kept only quantized while LoRA adapters train on it (QLoRA,
+///   [`QuantizedBackend::trains_on_quantized`]): every product by a frozen
+///   weight goes through [`QuantizedBackend::quantized_linear_rows`], at
+///   any number of activation rows, differentiable in its input (an
+///   autodiff node whose backward pass is
+///   [`QuantizedBackend::quantized_linear_backward`]).
 pub trait QuantizedBackend: Backend {
     /// `x` `[n, cols]` times `wᵀ`: `[n, rows]`, as a linear layer whose
     /// weight `w` is (one output per row), without its bias. `None` when
@@ -209,6 +262,44 @@ pub trait QuantizedBackend: Backend {
         let _ = (x, w);
         None
     }
+
+    /// `x` `[n, cols]` times the transpose of `w`'s rows `rows`:
+    /// `[n, rows.len()]` at any `n`, never declining (a stacked matrix's
+    /// part is one layer's product, so that autodiff splits no tensor).
+    /// [`QuantizedBackend::quantized_linear`] where it serves (the whole
+    /// matrix), else the product by the dequantized rows, which live only
+    /// for the call. Under autodiff, `x`'s gradient flows (`w` is frozen).
+    fn quantized_linear_rows(x: Tensor<Self, 2>, w: &Arc<QuantMatrix>, rows: Range<usize>) -> Tensor<Self, 2> {
+        let whole = rows == (0..w.rows);
+        whole.then(|| Self::quantized_linear(x.clone(), w)).flatten().unwrap_or_else(|| {
+            let device = x.device();
+            x.matmul(transposed::<Self>(w, rows, &device))
+        })
+    }
+
+    /// `g` `[n, rows.len()]` times `w`'s rows `rows`: `[n, cols]`, the
+    /// gradient of [`QuantizedBackend::quantized_linear_rows`]'s input
+    /// given its output's, `g`.
+    fn quantized_linear_backward(g: Tensor<Self, 2>, w: &QuantMatrix, rows: Range<usize>) -> Tensor<Self, 2> {
+        let device = g.device();
+        g.matmul(transposed::<Self>(w, rows, &device).transpose())
+    }
+
+    /// Whether a LoRA run on this backend keeps its frozen base only
+    /// quantized, dropping the `f32` copies (QLoRA): where dequantizing a
+    /// matrix per product costs little beside the product. Not on GPUs,
+    /// where the dequantized matrix would cross to the device each time.
+    fn trains_on_quantized() -> bool {
+        false
+    }
+}
+
+/// `wᵀ` `[cols, rows]` dequantized, as a tensor on `device`: the layout
+/// of Burn's linear weights, so that the products run as the `f32`
+/// model's do.
+fn transposed<B: Backend>(w: &QuantMatrix, rows: Range<usize>, device: &B::Device) -> Tensor<B, 2> {
+    let n = rows.len();
+    Tensor::from_data(TensorData::new(w.dequantize_transposed(rows), [w.cols, n]), device)
 }
 
 #[cfg(feature = "wgpu")]
@@ -218,8 +309,34 @@ impl QuantizedBackend for burn::backend::Cuda {}
 #[cfg(feature = "libtorch")]
 impl QuantizedBackend for burn::backend::LibTorch {}
 
-/// Gradients flow through the `f32` weights: an autodiff backend declines.
-impl<B: QuantizedBackend, C: CheckpointStrategy> QuantizedBackend for Autodiff<B, C> {}
+/// Decoding declines (a sampler runs on the inner backend); the product at
+/// any number of rows is one autodiff node that keeps only the matrix
+/// (shared, not copied) for its backward pass.
+impl<B: QuantizedBackend, C: CheckpointStrategy> QuantizedBackend for Autodiff<B, C> {
+    fn quantized_linear_rows(x: Tensor<Self, 2>, w: &Arc<QuantMatrix>, rows: Range<usize>) -> Tensor<Self, 2> {
+        let x = primitive(x);
+        let inner = B::quantized_linear_rows(tensor(x.primitive.clone()), w, rows.clone());
+        let prep = QuantizedLinearNode.prepare::<C>([x.node.clone()]).compute_bound();
+        record(prep, (w.clone(), rows), primitive(inner))
+    }
+
+    fn trains_on_quantized() -> bool {
+        B::trains_on_quantized()
+    }
+}
+
+/// The product by some rows of a frozen quantized matrix: it keeps the
+/// matrix and the rows, and its input's gradient is `g·w[rows]`.
+#[derive(Debug)]
+struct QuantizedLinearNode;
+
+impl<B: QuantizedBackend> Backward<B, 1> for QuantizedLinearNode {
+    type State = (Arc<QuantMatrix>, Range<usize>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        unary(ops, grads, |(w, rows): Self::State, grad: Tensor<B, 2>| B::quantized_linear_backward(grad, &w, rows));
+    }
+}
 
 /// The most rows flex multiplies quantized: beyond it the `f32` matrix
 /// product is faster (measured in `docs/results.md`).
@@ -233,6 +350,10 @@ impl QuantizedBackend for Flex {
         }
         let x = f32_values(x);
         Some(f32_tensor(matmul(&x, n, w), [n, w.rows]))
+    }
+
+    fn trains_on_quantized() -> bool {
+        true
     }
 }
 
@@ -641,5 +762,37 @@ mod tests {
         assert!(Flex::quantized_linear(x, &w).is_none());
         let x = Tensor::<Autodiff<Flex>, 2>::zeros([1, 32], &Default::default());
         assert!(Autodiff::<Flex>::quantized_linear(x, &w).is_none());
+    }
+
+    /// At any number of activation rows, for the whole matrix or some of
+    /// its rows, the product is the dequantized matrix's, and under
+    /// autodiff its input's gradient is the one Burn computes through that
+    /// matrix in `f32` (the matrix is frozen: no gradient of its own).
+    #[test]
+    fn products_at_any_row_count_differentiate_like_the_dequantized_matrix() {
+        type Ad = Autodiff<Flex>;
+        fn values<B: Backend>(t: Tensor<B, 2>) -> Vec<f32> {
+            t.into_data().to_vec::<f32>().unwrap()
+        }
+        let device = Default::default();
+        let mut rng = SeedRng::new(11);
+        let w = Arc::new(q4_matrix(&mut rng, 48, 96));
+        let dense = Tensor::<Ad, 2>::from_data(TensorData::new(w.dequantize(), [48, 96]), &device);
+        for (n, rows) in [(3, 0..48), (MAX_QUANTIZED_ROWS + 1, 0..48), (70, 0..48), (3, 10..30), (70, 40..48)] {
+            let m = rows.len();
+            let x = Tensor::<Ad, 2>::from_data(TensorData::new(uniform(&mut rng, n * 96, 2.0), [n, 96]), &device).require_grad();
+            let g = Tensor::<Ad, 2>::from_data(TensorData::new(uniform(&mut rng, n * m, 1.0), [n, m]), &device);
+            let ours = Ad::quantized_linear_rows(x.clone(), &w, rows.clone());
+            let burns = x.clone().matmul(dense.clone().narrow(0, rows.start, m).transpose());
+            // Few rows of the whole matrix go through the kernel: the activations' rounding.
+            let tolerance = if n <= MAX_QUANTIZED_ROWS && m == 48 { 2e-3 } else { 1e-5 };
+            let worst = values(ours.clone()).iter().zip(&values(burns.clone())).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+            assert!(worst <= tolerance, "{n} rows x {rows:?}: product off by {worst}");
+            let (ga, gb) = ((ours * g.clone()).sum().backward(), (burns * g).sum().backward());
+            let (ga, gb) = (values(x.grad(&ga).unwrap()), values(x.grad(&gb).unwrap()));
+            let worst = ga.iter().zip(&gb).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+            assert!(worst <= 1e-5, "{n} rows x {rows:?}: input gradient off by {worst}");
+        }
+        assert!(Ad::trains_on_quantized() && Flex::trains_on_quantized());
     }
 }

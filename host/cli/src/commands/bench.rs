@@ -61,6 +61,12 @@ pub struct BenchCommand {
     /// stores them quantized (the reference path, to compare against).
     #[arg(long, requires = "model")]
     f32_weights: bool,
+    /// With --model: train LoRA adapters of this rank (alpha = rank) on
+    /// every linear layer instead of the whole model; the frozen base is
+    /// then kept only quantized where the file stores it so (QLoRA), or in
+    /// `f32` with --f32-weights.
+    #[arg(long, value_name = "RANK", requires = "model")]
+    lora: Option<usize>,
     /// With --policy: sequences per pass.
     #[arg(long, default_value_t = 32, requires = "policy")]
     batch: usize,
@@ -73,6 +79,11 @@ pub struct BenchCommand {
 }
 
 impl BenchCommand {
+    /// What `--model` decodes and trains on.
+    fn weights(&self) -> Weights {
+        Weights { f32: self.f32_weights, lora: ragen_llm::LoraConfig::new(self.lora.unwrap_or(0), self.lora.unwrap_or(0) as f64) }
+    }
+
     /// The plugin's rates, or with --policy the policy's (a pretrained
     /// model's with --model). Exits 1 when env calls failed during the
     /// bench: its rates are then not the plugin's.
@@ -88,7 +99,7 @@ impl BenchCommand {
         match &self.model {
             Some(model) => {
                 let report =
-                    backend::with_backend!(self.backend, B, device => llm::<B>(&file, model, batch, seconds, self.f32_weights, device)?);
+                    backend::with_backend!(self.backend, B, device => llm::<B>(&file, model, batch, seconds, self.weights(), device)?);
                 print_report(&report, self.json, ragen_llm::LlmBenchReport::to_text)?;
             }
             None => {
@@ -514,6 +525,14 @@ pub fn policy<B: ragen_ops::TrainBackend>(
     Ok(ragen_policy::bench_policy(learner.model(), policy.grammar(), &bench, &device))
 }
 
+/// The weights `bench --policy --model` decodes and trains on.
+pub struct Weights {
+    /// The `f32` weights only, even where the file stores them quantized.
+    pub f32: bool,
+    /// Adapters to train instead of the whole model (when on).
+    pub lora: ragen_llm::LoraConfig,
+}
+
 /// `bench --policy --model`: a pretrained model on `batch` first-turn
 /// prompts of the plugin (as the chat template renders them), `new_tokens`
 /// sampled per reply, and training passes of 4 sequences of 512 tokens (the
@@ -523,14 +542,17 @@ pub fn llm<B: ragen_ops::TrainBackend>(
     model: &Path,
     batch: usize,
     seconds: f64,
-    f32_weights: bool,
+    weights: Weights,
     device: B::Device,
 ) -> Result<ragen_llm::LlmBenchReport> {
     use ragen_agent::{Context as Ctx, Message, PromptBuilder, Role};
     let mut pretrained =
         crate::term::with_spinner(&format!("loading {}", model.display()), || ragen_llm::Pretrained::<B>::load(model, &device))?;
-    if f32_weights {
+    if weights.f32 {
         pretrained.model = pretrained.model.without_quantized();
+    }
+    if weights.lora.is_on() {
+        pretrained.model = pretrained.model.with_lora(&weights.lora);
     }
     errln!("{}", super::chat::describe(&pretrained));
     let config = ragen_agent::AgentConfig::default();

@@ -1,10 +1,13 @@
 //! LoRA on a tiny random Llama: with `B` = 0 the adapted model computes
-//! exactly what its base computes, and the adapters' gradients are the
-//! derivatives of the loss (checked against central differences).
+//! exactly what its base computes, the adapters' gradients are the
+//! derivatives of the loss (checked against central differences), and on a
+//! quantized file the base is kept only quantized (QLoRA) with the same
+//! values and gradients as on its `f32` copies.
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Param};
 use burn::prelude::*;
+use ragen_llm::gguf::TensorType;
 use ragen_llm::{Architecture, Llm, LoraConfig, Pretrained};
 use ragen_test_fixtures::tiny_llm::Tiny;
 use safetensors::Dtype;
@@ -99,4 +102,65 @@ fn lora_gradients_agree_with_finite_differences() {
         }
         assert!(g.iter().any(|x| x.abs() > 1e-5), "{which} gets a gradient");
     }
+}
+
+/// The tiny Llama as a GGUF file with quantized matrices (8-bit attention,
+/// 4-bit MLP), in its own directory.
+fn quantized_gguf(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ragen-qlora-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tiny.gguf");
+    std::fs::write(&file, Tiny::new(Architecture::Llama).gguf(TensorType::Q8_0, TensorType::Q4_1).to_bytes()).unwrap();
+    file
+}
+
+fn gap(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+/// QLoRA: LoRA on a quantized file drops the `f32` copies of the base's
+/// projections, and the model computes what the same adapters compute on
+/// those `f32` copies, with the same adapter gradients (the dequantized
+/// matrix is the `f32` one; only the order of the sums differs).
+#[test]
+fn qlora_keeps_the_base_only_quantized_and_trains_as_on_its_f32_copies() {
+    let file = quantized_gguf("same");
+    let lora = LoraConfig::new(4, 8.0);
+    let load = || Pretrained::<A>::load(&file, &Default::default()).unwrap().model;
+    let reference = load().without_quantized().with_lora(&lora);
+    let mut qlora = load().with_lora(&lora);
+    assert!(qlora.base_is_quantized_only(), "LoRA on a quantized file keeps the base quantized only");
+    assert!(!reference.base_is_quantized_only());
+    let dropped = reference.num_params() - qlora.num_params();
+    assert!(dropped >= 2 * (3 * 64 * 96 + 64 * 64), "the projections' f32 copies are gone: {dropped} parameters fewer");
+    // The same adapters on both, with B away from zero.
+    qlora.tuned = reference.tuned.clone();
+    let (mut qlora, mut reference) = (qlora, reference);
+    for i in 0..adapter_values(&reference, "b").len() {
+        let delta = 0.05 * ((i % 7) as f32 - 3.0);
+        reference = nudged(reference, "b", i, delta);
+        qlora = nudged(qlora, "b", i, delta);
+    }
+    let values = |m: &Llm<A>| m.forward(tokens()).0.into_data().to_vec::<f32>().unwrap();
+    let worst = gap(&values(&qlora), &values(&reference));
+    assert!(worst < 1e-4, "logits differ by {worst}");
+    let (gq, gr) = (loss(&qlora).backward(), loss(&reference).backward());
+    for which in ["a", "b"] {
+        let grad = |m: &Llm<A>, g: &<A as burn::tensor::backend::AutodiffBackend>::Gradients| {
+            let q = m.tuned.adapters[0].q.as_ref().unwrap();
+            let p = if which == "a" { q.a.val() } else { q.b.val() };
+            p.grad(g).expect("the adapters train").into_data().to_vec::<f32>().unwrap()
+        };
+        let (a, b) = (grad(&qlora, &gq), grad(&reference, &gr));
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(scale > 0.0 && gap(&a, &b) <= 1e-4 * scale.max(1.0), "{which}'s gradient differs by {} (scale {scale})", gap(&a, &b));
+    }
+    // Sampling on the inner backend reads the quantized base too.
+    let inner = qlora.valid();
+    assert!(inner.base_is_quantized_only());
+    let (logits, _) = inner.forward(tokens());
+    assert!(logits.into_data().to_vec::<f32>().unwrap().iter().all(|x| x.is_finite()));
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
 }
