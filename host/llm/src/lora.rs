@@ -39,20 +39,28 @@ impl Target {
 }
 
 /// `[lora]` of a run: RAGEN's `lora.rank` (0: off, the whole model trains)
-/// and `lora.alpha`, and the layers adapted (all linear layers by default).
+/// and `lora.alpha`, the layers adapted (all linear layers by default), and
+/// whether the frozen base is kept only quantized (QLoRA's idea).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoraConfig {
     pub rank: usize,
     pub alpha: f64,
     pub target_modules: Vec<Target>,
+    /// Keep the base's projections only as the file stores them (4 or 8
+    /// bits) instead of also in `f32`: less memory, and each product with
+    /// more rows than the decoding kernel takes dequantizes its matrix
+    /// for the call (see `Llm::with_lora`). Off by default: on a small
+    /// model the time costs more than the memory saves
+    /// (`docs/results.md`).
+    pub quantized_base: bool,
 }
 
 impl Default for LoraConfig {
     /// RAGEN's defaults: rank 0 (off: the whole model trains), alpha 16,
-    /// all linear layers.
+    /// all linear layers; the base kept in `f32` too.
     fn default() -> Self {
-        Self { rank: 0, alpha: 16.0, target_modules: Target::ALL.to_vec() }
+        Self { rank: 0, alpha: 16.0, target_modules: Target::ALL.to_vec(), quantized_base: false }
     }
 }
 

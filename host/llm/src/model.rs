@@ -156,8 +156,8 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> Llm<B> {
     /// The model with LoRA adapters on `config`'s target layers (`B` = 0,
     /// so it computes what it did) and everything else frozen but the value
     /// head. With LoRA off the whole model trains, so its quantized
-    /// copies (which would go stale) are dropped. With LoRA on, on a
-    /// backend that trains on quantized weights
+    /// copies (which would go stale) are dropped. With LoRA on and
+    /// `quantized_base`, on a backend that trains on quantized weights
     /// ([`QuantizedBackend::trains_on_quantized`]), the `f32` copies of the
     /// projections kept quantized are dropped instead (QLoRA): the frozen
     /// base is read at its stored size, in training too.
@@ -173,7 +173,7 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> Llm<B> {
             kv: self.n_kv_heads * k,
             f: self.layers.first().map_or(0, |l| l.gate.weight.dims()[1]),
         };
-        if B::trains_on_quantized() {
+        if config.quantized_base && B::trains_on_quantized() {
             self.layers.iter_mut().for_each(DecoderLayer::drop_f32_covered);
         }
         self.embed = self.embed.map(Module::no_grad);

@@ -23,8 +23,9 @@
 //!   of the sampled tokens straight from the final hidden states and an
 //!   [`OutputLayer`], never holding more than a chunk of logits.
 //! * [`QuantizedBackend`] (`quantized`): a linear layer's product with
-//!   weights kept quantized ([`QuantMatrix`]), for decoding a few rows at a
-//!   time; flex only, without gradients.
+//!   weights kept quantized ([`QuantMatrix`]): for decoding a few rows at a
+//!   time (flex's kernel), and at any number of rows, differentiable in
+//!   its input, for a frozen base kept only quantized under LoRA.
 //! * [`TrainBackend`]: what the learner trains on, an autodiff backend with
 //!   all four whose inner backend has them too.
 //!
@@ -61,8 +62,8 @@ pub use scoring::{OutputLayer, ScoreOptions, ScoringBackend, TokenScores, token_
 use burn::tensor::backend::AutodiffBackend;
 
 /// What the learner trains on: an autodiff backend with the fused
-/// attention, pointwise and scoring nodes (and the quantized product,
-/// which it declines), whose inner backend (sampling and no-gradient
+/// attention, pointwise and scoring nodes (and the quantized product),
+/// whose inner backend (sampling and no-gradient
 /// passes) has them too.
 pub trait TrainBackend:
     AutodiffBackend<InnerBackend: AttentionBackend + PointwiseBackend + ScoringBackend + QuantizedBackend>

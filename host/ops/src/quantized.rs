@@ -38,8 +38,11 @@
 //! rules; with many rows (a prompt's prefill, training) arithmetic does,
 //! and the `f32` matrix product, which blocks for the caches, is faster:
 //! [`QuantizedBackend::quantized_linear`] declines those, and the model
-//! keeps its `f32` weights for them (and for gradients). Other backends
-//! than flex decline everything.
+//! uses its `f32` weights. Where it has dropped them (a frozen base under
+//! LoRA, QLoRA's idea), [`QuantizedBackend::quantized_linear_rows`]
+//! dequantizes the matrix for the one product instead, and differentiates
+//! through it. Other backends than flex decline the kernel and keep their
+//! `f32` weights.
 
 use burn::backend::Autodiff;
 use burn::backend::Flex;
@@ -271,10 +274,7 @@ pub trait QuantizedBackend: Backend {
     /// for the call. Under autodiff, `x`'s gradient flows (`w` is frozen).
     fn quantized_linear_rows(x: Tensor<Self, 2>, w: &Arc<QuantMatrix>, rows: Range<usize>) -> Tensor<Self, 2> {
         let whole = rows == (0..w.rows);
-        whole.then(|| Self::quantized_linear(x.clone(), w)).flatten().unwrap_or_else(|| {
-            let device = x.device();
-            x.matmul(transposed::<Self>(w, rows, &device))
-        })
+        whole.then(|| Self::quantized_linear(x.clone(), w)).flatten().unwrap_or_else(|| dense_rows(x, w, rows))
     }
 
     /// `g` `[n, rows.len()]` times `w`'s rows `rows`: `[n, cols]`, the
@@ -294,6 +294,13 @@ pub trait QuantizedBackend: Backend {
     }
 }
 
+/// `x` `[n, cols]` times the transpose of `w`'s rows `rows`, dequantized
+/// for this product only: `[n, rows.len()]`, as exact as the `f32` product.
+fn dense_rows<B: Backend>(x: Tensor<B, 2>, w: &QuantMatrix, rows: Range<usize>) -> Tensor<B, 2> {
+    let device = x.device();
+    x.matmul(transposed::<B>(w, rows, &device))
+}
+
 /// `wᵀ` `[cols, rows]` dequantized, as a tensor on `device`: the layout
 /// of Burn's linear weights, so that the products run as the `f32`
 /// model's do.
@@ -311,11 +318,13 @@ impl QuantizedBackend for burn::backend::LibTorch {}
 
 /// Decoding declines (a sampler runs on the inner backend); the product at
 /// any number of rows is one autodiff node that keeps only the matrix
-/// (shared, not copied) for its backward pass.
+/// (shared, not copied) for its backward pass, its forward pass the
+/// dequantized product (never the kernel's rounded activations).
 impl<B: QuantizedBackend, C: CheckpointStrategy> QuantizedBackend for Autodiff<B, C> {
     fn quantized_linear_rows(x: Tensor<Self, 2>, w: &Arc<QuantMatrix>, rows: Range<usize>) -> Tensor<Self, 2> {
         let x = primitive(x);
-        let inner = B::quantized_linear_rows(tensor(x.primitive.clone()), w, rows.clone());
+        // The dequantized product, not the kernel: the values autodiff differentiates are exactly the f32 ones.
+        let inner = dense_rows(tensor::<B, 2>(x.primitive.clone()), w, rows.clone());
         let prep = QuantizedLinearNode.prepare::<C>([x.node.clone()]).compute_bound();
         record(prep, (w.clone(), rows), primitive(inner))
     }
@@ -349,7 +358,7 @@ impl QuantizedBackend for Flex {
             return None;
         }
         let x = f32_values(x);
-        Some(f32_tensor(matmul(&x, n, w), [n, w.rows]))
+        Some(f32_tensor(matmul(&x, n, w, 0..w.rows), [n, w.rows]))
     }
 
     fn trains_on_quantized() -> bool {
@@ -394,26 +403,28 @@ fn rows_per_task(w: &QuantMatrix) -> usize {
 }
 
 /// `x` `[n, cols]` times `wᵀ`: `[n, rows]`, row-major.
-fn matmul(x: &[f32], n: usize, w: &QuantMatrix) -> Vec<f32> {
+fn matmul(x: &[f32], n: usize, w: &QuantMatrix, rows: Range<usize>) -> Vec<f32> {
     let xq = quantize_rows(x);
     let per = w.cols / BLOCK;
     let task = rows_per_task(w);
-    // Outputs transposed, [rows, n], so that each task writes one slice.
-    let mut out_t = vec![0f32; w.rows * n];
+    let m = rows.len();
+    // Outputs transposed, [m, n], so that each task writes one slice.
+    let mut out_t = vec![0f32; m * n];
     out_t.par_chunks_mut(task * n).enumerate().for_each(|(t, out)| {
-        let rows = t * task * per..(t * task + out.len() / n) * per;
+        let first = rows.start + t * task;
+        let blocks = first * per..(first + out.len() / n) * per;
         match &w.blocks {
-            QuantBlocks::Q4(b) => run(Task { w: &b[rows], x: &xq, per, out }),
-            QuantBlocks::Q8(b) => run(Task { w: &b[rows], x: &xq, per, out }),
+            QuantBlocks::Q4(b) => run(Task { w: &b[blocks], x: &xq, per, out }),
+            QuantBlocks::Q8(b) => run(Task { w: &b[blocks], x: &xq, per, out }),
         }
     });
     if n == 1 {
         return out_t;
     }
-    let mut out = vec![0f32; w.rows * n];
+    let mut out = vec![0f32; m * n];
     for (r, row) in out_t.chunks_exact(n).enumerate() {
         for (i, &v) in row.iter().enumerate() {
-            out[i * w.rows + r] = v;
+            out[i * m + r] = v;
         }
     }
     out

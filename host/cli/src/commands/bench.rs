@@ -62,11 +62,13 @@ pub struct BenchCommand {
     #[arg(long, requires = "model")]
     f32_weights: bool,
     /// With --model: train LoRA adapters of this rank (alpha = rank) on
-    /// every linear layer instead of the whole model; the frozen base is
-    /// then kept only quantized where the file stores it so (QLoRA), or in
-    /// `f32` with --f32-weights.
+    /// every linear layer instead of the whole model.
     #[arg(long, value_name = "RANK", requires = "model")]
     lora: Option<usize>,
+    /// With --lora: keep the frozen base only as the file stores it
+    /// (QLoRA, `[lora] quantized_base = true`), not also in `f32`.
+    #[arg(long, requires = "lora", conflicts_with = "f32_weights")]
+    quantized_base: bool,
     /// With --policy: sequences per pass.
     #[arg(long, default_value_t = 32, requires = "policy")]
     batch: usize,
@@ -81,7 +83,9 @@ pub struct BenchCommand {
 impl BenchCommand {
     /// What `--model` decodes and trains on.
     fn weights(&self) -> Weights {
-        Weights { f32: self.f32_weights, lora: ragen_llm::LoraConfig::new(self.lora.unwrap_or(0), self.lora.unwrap_or(0) as f64) }
+        let rank = self.lora.unwrap_or(0);
+        let lora = ragen_llm::LoraConfig { quantized_base: self.quantized_base, ..ragen_llm::LoraConfig::new(rank, rank as f64) };
+        Weights { f32: self.f32_weights, lora }
     }
 
     /// The plugin's rates, or with --policy the policy's (a pretrained

@@ -120,19 +120,20 @@ fn gap(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
 }
 
-/// QLoRA: LoRA on a quantized file drops the `f32` copies of the base's
-/// projections, and the model computes what the same adapters compute on
+/// QLoRA: LoRA with `quantized_base` on a quantized file drops the `f32`
+/// copies of the base's projections, and the model computes what the same adapters compute on
 /// those `f32` copies, with the same adapter gradients (the dequantized
 /// matrix is the `f32` one; only the order of the sums differs).
 #[test]
 fn qlora_keeps_the_base_only_quantized_and_trains_as_on_its_f32_copies() {
     let file = quantized_gguf("same");
-    let lora = LoraConfig::new(4, 8.0);
+    let lora = LoraConfig { quantized_base: true, ..LoraConfig::new(4, 8.0) };
     let load = || Pretrained::<A>::load(&file, &Default::default()).unwrap().model;
     let reference = load().without_quantized().with_lora(&lora);
     let mut qlora = load().with_lora(&lora);
-    assert!(qlora.base_is_quantized_only(), "LoRA on a quantized file keeps the base quantized only");
+    assert!(qlora.base_is_quantized_only(), "`quantized_base` keeps the base quantized only");
     assert!(!reference.base_is_quantized_only());
+    assert!(!load().with_lora(&LoraConfig::new(4, 8.0)).base_is_quantized_only(), "by default the f32 base stays");
     let dropped = reference.num_params() - qlora.num_params();
     assert!(dropped >= 2 * (3 * 64 * 96 + 64 * 64), "the projections' f32 copies are gone: {dropped} parameters fewer");
     // The same adapters on both, with B away from zero.
