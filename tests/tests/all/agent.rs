@@ -111,12 +111,8 @@ fn an_untrained_transformer_always_answers_in_format() {
     for name in ["bandit", "sokoban"] {
         let r = runner(name, 2, 2);
         let tok = PluginTokenizer::new(r.spec());
-        let model = PolicyModelConfig::new(tok.vocab_size())
-            .with_d_model(32)
-            .with_n_layers(1)
-            .with_n_heads(2)
-            .with_max_seq_len(512)
-            .init::<Flex>(&Default::default());
+        let config = PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(512);
+        let model = crate::common::scratch_model::<Flex>(&config, 0);
         let limits = r.limits();
         let sampling = SamplingConfig { temperature: 1.0, think_budget: 8 };
         let mut policy = BurnPolicy::new(model, tok, true, limits.max_actions_per_turn, sampling, 5, Default::default());

@@ -8,6 +8,8 @@ use ragen_learner::{Estimator, Learner, UpdateConfig};
 use ragen_policy::{AnswerGrammar, BurnPolicy, PluginTokenizer, PolicyModelConfig, SamplingConfig};
 use std::time::Instant;
 
+use crate::common::scratch_model;
+
 type B = Autodiff<Flex>;
 
 #[test]
@@ -32,8 +34,10 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
     let runner = RolloutRunner::new(crate::common::shipped("bandit"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
-    let model =
-        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let model = scratch_model::<B>(
+        &PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256),
+        0,
+    );
     let grammar = AnswerGrammar::new(&tok, false, 0, 1);
     let mut learner = Learner::new(model, Some(grammar), UpdateConfig { lr: 3e-3, ..UpdateConfig::default() }, device);
 
@@ -64,8 +68,10 @@ fn the_kl_term_starts_at_zero_and_grows_as_the_policy_moves() {
     let runner = RolloutRunner::new(crate::common::shipped("bandit"), &[], config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
-    let model =
-        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let model = scratch_model::<B>(
+        &PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256),
+        1,
+    );
     let grammar = AnswerGrammar::new(&tok, false, 0, 1);
     let mut learner = Learner::new(model, Some(grammar), UpdateConfig { lr: 1e-2, kl_coef: 0.01, ..UpdateConfig::default() }, device);
     let mut kls = vec![];
@@ -102,8 +108,10 @@ fn frozenlake_batch(update: UpdateConfig) -> (Vec<Trajectory>, PluginTokenizer, 
     let runner = RolloutRunner::new(crate::common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
-    let model =
-        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let model = scratch_model::<B>(
+        &PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256),
+        2,
+    );
     let grammar = AnswerGrammar::new(&tok, false, 0, 1);
     let learner = Learner::new(model, Some(grammar), update, device);
     let sampling = SamplingConfig { temperature: 1.0, think_budget: 0 };
@@ -185,8 +193,10 @@ fn with_a_context_window_the_learner_reads_exactly_what_each_reply_was_sampled_f
     let runner = RolloutRunner::new(crate::common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
-    let model =
-        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256).init::<B>(&device);
+    let model = scratch_model::<B>(
+        &PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(256),
+        3,
+    );
     let mut learner = Learner::new(model, Some(AnswerGrammar::new(&tok, false, 0, 1)), UpdateConfig::default(), device);
     let sampling = SamplingConfig { temperature: 1.0, think_budget: 0 };
     let mut policy = BurnPolicy::new(learner.policy_model(), tok.clone(), false, 1, sampling, 3, Default::default());
@@ -284,16 +294,7 @@ fn weights(m: &ragen_policy::PolicyModel<Flex>) -> Vec<f32> {
 
 /// A small critic network for the tests' tokenizer, its weights drawn.
 fn small_critic(tok: &PluginTokenizer) -> ragen_policy::PolicyModel<B> {
-    let critic = PolicyModelConfig::new(tok.vocab_size())
-        .with_d_model(16)
-        .with_n_layers(1)
-        .with_n_heads(2)
-        .with_max_seq_len(256)
-        .init::<B>(&Default::default());
-    // Burn initialises parameters lazily, and each clone of a parameter not
-    // yet read draws its own weights: read them once, so clones are copies.
-    let _ = burn::module::AutodiffModule::valid(&critic);
-    critic
+    scratch_model(&PolicyModelConfig::new(tok.vocab_size()).with_d_model(16).with_n_layers(1).with_n_heads(2).with_max_seq_len(256), 1)
 }
 
 #[test]
@@ -395,8 +396,10 @@ fn a_tiny_transformer_imitates_the_oracle_and_then_plays_like_it() {
     assert!(demos.iter().all(|t| t.success), "the oracle solves the fixed lake");
     let demos: Vec<Trajectory> = demos.iter().map(|t| t.retokenized(&tok)).collect();
     let device = Default::default();
-    let model =
-        PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(512).init::<B>(&device);
+    let model = scratch_model::<B>(
+        &PolicyModelConfig::new(tok.vocab_size()).with_d_model(32).with_n_layers(1).with_n_heads(2).with_max_seq_len(512),
+        0,
+    );
     let mut learner =
         Learner::new(model, Some(AnswerGrammar::new(&tok, false, 0, 1)), UpdateConfig { lr: 1e-2, ..UpdateConfig::default() }, device);
     let batch: Vec<&Trajectory> = demos.iter().collect();

@@ -17,6 +17,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::common::{scratch_model, seeded};
+
 type B = Autodiff<Flex>;
 
 /// Bandit's two arms, each with `</answer>`, as single tokens: a random
@@ -73,7 +75,7 @@ fn an_update_moves_only_the_adapters_and_the_value_head_and_the_kl_starts_at_zer
     let mut config = config(tiny_model("update"));
     config.ppo.kl_coef = Some(0.01);
     let runner = runner(&config, &[]);
-    let (trainee, mut learner) = Chat::build::<B>(&config, config.model_path.as_ref().unwrap(), Default::default()).unwrap();
+    let (trainee, mut learner) = seeded(0, || Chat::build::<B>(&config, config.model_path.as_ref().unwrap(), Default::default())).unwrap();
     let before = parameters(&learner.policy_model());
     let trainable: Vec<ParamId> = parameters(&learner.policy_model().tuned).into_keys().collect();
     assert!(trainable.len() > 2 * 7, "two layers of seven adapters (A and B) and the head");
@@ -106,8 +108,7 @@ fn a_tiny_llama_with_lora_learns_bandit() {
     config.ppo.lr = Some(2e-2);
     config.agent.rollout.env_groups = 16;
     let runner = runner(&config, &settings);
-    <B as Backend>::seed(&Default::default(), 0);
-    let (trainee, mut learner) = Chat::build::<B>(&config, config.model_path.as_ref().unwrap(), Default::default()).unwrap();
+    let (trainee, mut learner) = seeded(0, || Chat::build::<B>(&config, config.model_path.as_ref().unwrap(), Default::default())).unwrap();
     let mut history = vec![];
     for step in 0..80u64 {
         let mut policy = Trainee::<B>::policy(&trainee, learner.policy_model(), 1.0, step, &Default::default());
@@ -137,12 +138,12 @@ fn a_pretrained_models_critic_of_its_own_is_a_second_copy_that_trains_apart() {
     let mut config = config(tiny_model("critic"));
     let path = config.model_path.clone().unwrap();
     config.critic = Some(CriticSection { d_model: Some(8), ..CriticSection::default() });
-    let refused = Chat::build::<B>(&config, &path, Default::default()).err().expect("a shape key for a pretrained critic");
+    let refused = seeded(0, || Chat::build::<B>(&config, &path, Default::default())).err().expect("a shape key for a pretrained critic");
     assert!(format!("{refused:#}").contains("takes only `lr`"), "{refused:#}");
 
     config.critic = Some(CriticSection { lr: Some(1e-3), ..CriticSection::default() });
     let runner = runner(&config, &[]);
-    let (trainee, mut learner) = Chat::build::<B>(&config, &path, Default::default()).unwrap();
+    let (trainee, mut learner) = seeded(0, || Chat::build::<B>(&config, &path, Default::default())).unwrap();
     let before = parameters(&learner.policy_model());
     let trainable: Vec<ParamId> = parameters(&learner.policy_model().tuned).into_keys().collect();
     let mut policy = Trainee::<B>::policy(&trainee, learner.policy_model(), 1.0, 7, &Default::default());
@@ -208,10 +209,10 @@ fn a_shared_prefix_scores_and_trains_as_the_whole_rows_do() {
     }
     let device = Default::default();
     let pretrained = ragen_llm::Pretrained::<B>::load(&tiny_model("prefix"), &device).unwrap();
-    agree(&pretrained.model.with_lora(&LoraConfig::new(8, 16.0)), "LoRA on a tiny Llama");
+    agree(&seeded(0, || pretrained.model.with_lora(&LoraConfig::new(8, 16.0))), "LoRA on a tiny Llama");
     let scratch = ragen_policy::PolicyModelConfig::new(32).with_d_model(32).with_n_layers(2).with_n_heads(2).with_rotary(true);
-    agree(&scratch.init::<B>(&device), "a model from scratch with rotary positions");
-    agree(&scratch.with_rotary(false).init::<B>(&device), "a model from scratch with learned positions");
+    agree(&scratch_model::<B>(&scratch, 0), "a model from scratch with rotary positions");
+    agree(&scratch_model::<B>(&scratch.with_rotary(false), 0), "a model from scratch with learned positions");
 }
 
 /// A rollout whose prompts share their instructions, and within a group
@@ -228,7 +229,7 @@ fn a_shared_prefix_rollout_gives_the_tokens_of_an_unshared_one() {
     let device = Default::default();
     let replies = |batch: usize| {
         let config = TrainConfig { sampling: ragen_learner::SamplingSection { batch, ..config.sampling.clone() }, ..config.clone() };
-        let (trainee, learner) = Chat::build::<B>(&config, config.model_path.as_ref().unwrap(), device).unwrap();
+        let (trainee, learner) = seeded(0, || Chat::build::<B>(&config, config.model_path.as_ref().unwrap(), device)).unwrap();
         let mut policy = Trainee::<B>::policy(&trainee, learner.policy_model(), 1.0, 7, &device);
         let ts = runner.run(policy.as_mut(), &[10, 11, 12, 13]).unwrap();
         let agent = |t: &Trajectory| -> Vec<(Vec<u32>, Vec<f32>)> {
