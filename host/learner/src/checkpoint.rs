@@ -44,10 +44,11 @@ use crate::update::Learner;
 use anyhow::{Context, Result, bail, ensure};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
-use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
+use burn::record::Recorder;
 use burn::tensor::backend::AutodiffBackend;
 use ragen_agent::Policy;
 use ragen_ops::TrainBackend;
+use ragen_policy::CheckpointRecorder;
 use ragen_policy::PolicyNetwork;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -218,7 +219,7 @@ where
     B: AutodiffBackend,
     M: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>,
 {
-    let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+    let recorder = CheckpointRecorder;
     let model = learner.model.as_ref().expect("the model is only taken during a step");
     model.save_weights(&dir.join(MODEL)).context("cannot write the model")?;
     recorder.record(learner.optimizer.to_record(), dir.join(OPTIMIZER)).context("cannot write the optimizer state")?;
@@ -242,14 +243,15 @@ where
     M: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>,
 {
     read_weights(learner, dir)?;
-    let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
-    let record = recorder
-        .load(dir.join(OPTIMIZER), &learner.device)
+    let recorder = CheckpointRecorder;
+    let record = decoded(|| Ok(recorder.load(dir.join(OPTIMIZER), &learner.device)?))
         .with_context(|| format!("cannot read the optimizer state `{}.bin`: it is damaged or incomplete", dir.join(OPTIMIZER).display()))?;
     learner.optimizer = learner.optimizer.clone().load_record(record);
     if let Some(reference) = learner.reference.take() {
-        learner.reference =
-            Some(reference.load_weights(&dir.join(REFERENCE), &learner.device).context("cannot read the checkpoint's reference model")?);
+        let file = dir.join(REFERENCE);
+        learner.reference = Some(decoded(|| reference.load_weights(&file, &learner.device)).with_context(|| {
+            format!("cannot read the checkpoint's reference model `{}.bin`: it is damaged or incomplete", file.display())
+        })?);
     }
     if let Some(critic) = learner.critic.as_mut() {
         let missing = || {
@@ -260,8 +262,8 @@ where
             )
         };
         let model = critic.model.take().expect("critic present");
-        critic.model = Some(model.load_weights(&dir.join(CRITIC), &learner.device).with_context(missing)?);
-        let record = recorder.load(dir.join(CRITIC_OPTIMIZER), &learner.device).with_context(missing)?;
+        critic.model = Some(decoded(|| model.load_weights(&dir.join(CRITIC), &learner.device)).with_context(missing)?);
+        let record = decoded(|| Ok(recorder.load(dir.join(CRITIC_OPTIMIZER), &learner.device)?)).with_context(missing)?;
         critic.optimizer = critic.optimizer.clone().load_record(record);
     }
     Ok(())
@@ -278,11 +280,18 @@ where
     let model = learner.model.take().expect("model present");
     let file = dir.join(MODEL);
     learner.model = Some(
-        model
-            .load_weights(&file, &learner.device)
+        decoded(|| model.load_weights(&file, &learner.device))
             .with_context(|| format!("cannot read the checkpoint's model `{}.bin`: it is damaged or incomplete", file.display()))?,
     );
     Ok(())
+}
+
+/// Runs `read`, a decoding of checkpoint bytes, with a panic inside it
+/// turned into an error: Burn's record decoder panics on some damage (a
+/// parameter id that is not one) instead of returning an error.
+fn decoded<T>(read: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read))
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("Burn's record decoder could not read it (it panicked)")))
 }
 
 /// Write the checkpoint `target` of `learner` with `state`, whole or not
@@ -569,5 +578,143 @@ mod tests {
         discard(&run.best()).unwrap();
         assert!(!run.best().exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// Fuzzing the checkpoint: its files are bytes a crash, a full disk or
+/// someone else may have left, so any damage to them loads or is refused
+/// with an error, never a panic and never an allocation sized by a number
+/// read from the file (`make fuzz` runs it longer). Each case starts from
+/// a real checkpoint of a tiny model (weights, AdamW state, the reference
+/// model, `state.json`) and damages one file: bytes overwritten, a large
+/// little-endian integer planted where lengths live, or the file cut.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use crate::update::UpdateConfig;
+    use burn::backend::{Autodiff, Flex};
+    use proptest::prelude::*;
+    use ragen_policy::{PolicyModel, PolicyModelConfig};
+    use std::sync::OnceLock;
+
+    type B = Autodiff<Flex>;
+
+    /// A learner on a tiny model, with a reference model (`kl_coef` > 0).
+    fn learner() -> Learner<B, PolicyModel<B>> {
+        let model =
+            PolicyModelConfig::new(12).with_d_model(8).with_n_layers(1).with_n_heads(2).with_max_seq_len(16).init(&Default::default());
+        Learner::new(model, None, UpdateConfig { kl_coef: 0.01, ..UpdateConfig::default() }, Default::default())
+    }
+
+    /// The files of one checkpoint of [`learner`], by name.
+    fn files() -> &'static Vec<(String, Vec<u8>)> {
+        static FILES: OnceLock<Vec<(String, Vec<u8>)>> = OnceLock::new();
+        FILES.get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("ragen-fuzz-checkpoint-{}", std::process::id()));
+            let target = dir.join("checkpoint");
+            replace(&target, &CheckpointState { step: 3, val_success: Some(0.5), base_model: None }, |d| write_learner(&learner(), d))
+                .unwrap();
+            let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&target)
+                .unwrap()
+                .map(|e| e.unwrap())
+                .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+                .collect();
+            files.sort();
+            std::fs::remove_dir_all(&dir).unwrap();
+            assert!(files.len() >= 4, "weights, optimizer, reference and state: {:?}", files.iter().map(|f| &f.0).collect::<Vec<_>>());
+            files
+        })
+    }
+
+    #[derive(Debug, Clone)]
+    enum Damage {
+        /// Bytes written over the file at a position (a share of its length).
+        Overwrite(f64, Vec<u8>),
+        /// A little-endian integer planted there: lengths and counts live
+        /// in the file as such.
+        Plant(f64, u64),
+        /// The file cut to a share of its length.
+        Cut(f64),
+    }
+
+    fn damage() -> impl Strategy<Value = Damage> {
+        let big = prop_oneof![Just(u64::MAX), Just(u64::MAX / 2), Just(1 << 40), Just(1 << 32), Just(u32::MAX as u64), any::<u64>()];
+        prop_oneof![
+            (0.0..1.0f64, prop::collection::vec(any::<u8>(), 1..16)).prop_map(|(at, b)| Damage::Overwrite(at, b)),
+            (0.0..1.0f64, big).prop_map(|(at, n)| Damage::Plant(at, n)),
+            (0.0..1.0f64).prop_map(Damage::Cut),
+        ]
+    }
+
+    fn damaged(mut bytes: Vec<u8>, damages: &[Damage]) -> Vec<u8> {
+        let at = |share: f64, len: usize| ((share * len as f64) as usize).min(len.saturating_sub(1));
+        for d in damages {
+            match d {
+                Damage::Overwrite(..) | Damage::Plant(..) if bytes.is_empty() => {}
+                Damage::Overwrite(share, new) => {
+                    let start = at(*share, bytes.len());
+                    let end = (start + new.len()).min(bytes.len());
+                    bytes[start..end].copy_from_slice(&new[..end - start]);
+                }
+                Damage::Plant(share, n) => {
+                    let start = at(*share, bytes.len());
+                    let n = n.to_le_bytes();
+                    let end = (start + 8).min(bytes.len());
+                    bytes[start..end].copy_from_slice(&n[..end - start]);
+                }
+                Damage::Cut(share) => bytes.truncate((share * bytes.len() as f64) as usize),
+            }
+        }
+        bytes
+    }
+
+    /// The crash the fuzzing found, at every offset: bincode sized a
+    /// buffer by a damaged length (here 2⁶³ − 1) and the failed allocation
+    /// aborted the process. Now each such file is refused.
+    #[test]
+    fn a_huge_length_planted_anywhere_in_a_weights_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("ragen-fuzz-planted-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in files() {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+        for name in ["model.bin", "optimizer.bin"] {
+            let bytes = &files().iter().find(|f| f.0 == name).unwrap().1;
+            for at in 0..bytes.len() {
+                // bincode's variable-length integer: 253, then 8 bytes.
+                let huge: Vec<u8> = [253].into_iter().chain((u64::MAX / 2).to_le_bytes()).collect();
+                let mut planted = bytes.clone();
+                let end = (at + huge.len()).min(planted.len());
+                planted[at..end].copy_from_slice(&huge[..end - at]);
+                std::fs::write(dir.join(name), &planted).unwrap();
+                let _ = learner().load(&dir);
+            }
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+        learner().load(&dir).expect("the undamaged checkpoint loads");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256),
+            failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("regressions"))),
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn a_damaged_checkpoint_loads_or_is_refused_never_panics(which in any::<prop::sample::Index>(), damages in prop::collection::vec(damage(), 1..4)) {
+            let dir = std::env::temp_dir().join(format!("ragen-fuzz-damaged-{}-{:?}", std::process::id(), std::thread::current().id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let files = files();
+            let victim = which.index(files.len());
+            for (i, (name, bytes)) in files.iter().enumerate() {
+                let bytes = if i == victim { damaged(bytes.clone(), &damages) } else { bytes.clone() };
+                std::fs::write(dir.join(name), bytes).unwrap();
+            }
+            let _ = CheckpointState::read(&dir);
+            let _ = learner().load(&dir);
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 }

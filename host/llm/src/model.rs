@@ -11,8 +11,8 @@ use crate::lora::{LayerAdapters, LayerWidths, Lora, LoraConfig, Tuned};
 use burn::module::Param;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
-use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use ragen_ops::{AttentionBackend, AttentionHeads, OutputLayer, PointwiseBackend, QuantMatrix, QuantizedBackend};
+use ragen_policy::CheckpointRecorder;
 use ragen_policy::{CausalLm, KvCache, LayerCache, PolicyNetwork, Rotation};
 use std::path::Path;
 use std::sync::Arc;
@@ -492,7 +492,7 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> PolicyNetwork<B>
     /// With LoRA, the adapters and the value head alone (the base is the
     /// model file, pinned by the checkpoint); without, the whole model.
     fn save_weights(&self, file: &Path) -> anyhow::Result<()> {
-        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        let recorder = CheckpointRecorder;
         let saved = if self.has_adapters() {
             self.tuned.clone().save_file(file.to_path_buf(), &recorder)
         } else {
@@ -502,7 +502,7 @@ impl<B: AttentionBackend + PointwiseBackend + QuantizedBackend> PolicyNetwork<B>
     }
 
     fn load_weights(mut self, file: &Path, device: &B::Device) -> anyhow::Result<Self> {
-        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        let recorder = CheckpointRecorder;
         let failed = |e| anyhow::anyhow!("cannot read `{}`: {e} (was it written with the same model and LoRA settings?)", file.display());
         if self.has_adapters() {
             self.tuned = self.tuned.load_file(file.to_path_buf(), &recorder, device).map_err(failed)?;

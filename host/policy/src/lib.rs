@@ -27,6 +27,7 @@ mod grammar;
 mod model;
 mod network;
 mod policy;
+mod record;
 mod sample;
 mod tokenizer;
 
@@ -35,6 +36,7 @@ pub use grammar::{AnswerGrammar, GrammarState};
 pub use model::{KvCache, LayerCache, PolicyModel, PolicyModelConfig, Rotation, inv_frequencies};
 pub use network::PolicyNetwork;
 pub use policy::{BurnPolicy, SamplingConfig};
+pub use record::CheckpointRecorder;
 pub use sample::{
     CausalLm, ReplyRule, Sampled, Sampling, masked_log_distribution, masked_logprobs, sample, sample_batch, sample_batch_with, sample_queue,
 };

@@ -9,9 +9,9 @@
 //! plus the agent loop's `Policy` for sampling, and drops in without
 //! touching the learner.
 
+use crate::CheckpointRecorder;
 use anyhow::{Context, Result};
 use burn::prelude::*;
-use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use std::path::Path;
 
 use ragen_ops::{AttentionBackend, OutputLayer, PointwiseBackend};
@@ -76,14 +76,14 @@ pub trait PolicyNetwork<B: Backend>: Module<B> {
     /// network with a frozen base (LoRA) writes only what trains, and its
     /// checkpoint pins the base by hash instead.
     fn save_weights(&self, file: &Path) -> Result<()> {
-        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        let recorder = CheckpointRecorder;
         self.clone().save_file(file.to_path_buf(), &recorder).with_context(|| format!("cannot write `{}`", file.display()))
     }
 
     /// Read what [`PolicyNetwork::save_weights`] wrote into this network
     /// (of the same shape).
     fn load_weights(self, file: &Path, device: &B::Device) -> Result<Self> {
-        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        let recorder = CheckpointRecorder;
         self.load_file(file.to_path_buf(), &recorder, device).map_err(|e| anyhow::anyhow!("cannot read `{}`: {e}", file.display()))
     }
 }
