@@ -73,6 +73,26 @@ impl RunDir {
     pub fn metrics(&self) -> PathBuf {
         self.0.join("metrics.jsonl")
     }
+
+    /// `metrics.jsonl` written anew with `lines` (a resumed run's steps so
+    /// far), then opened to append to: written beside it, flushed to disk
+    /// and renamed over it, so that a crash leaves the old file or the new
+    /// one whole, never the reported lines cut.
+    pub fn restart_metrics(&self, lines: &[String]) -> Result<std::fs::File> {
+        let path = self.metrics();
+        let fresh = path.with_extension("jsonl.tmp");
+        let written = (|| {
+            let mut file = std::fs::File::create(&fresh)?;
+            for line in lines {
+                writeln!(file, "{line}")?;
+            }
+            file.sync_all()?;
+            std::fs::rename(&fresh, &path)
+        })();
+        written.with_context(|| format!("cannot write `{}`", path.display()))?;
+        sync_parent(&path);
+        std::fs::OpenOptions::new().append(true).open(&path).with_context(|| format!("cannot append to `{}`", path.display()))
+    }
     /// The latest checkpoint, which `--resume` continues from.
     pub fn checkpoint(&self) -> PathBuf {
         self.0.join("checkpoint")
@@ -497,6 +517,16 @@ mod tests {
 
     fn step_of(dir: &Path) -> u64 {
         CheckpointState::read(dir).unwrap().step
+    }
+
+    #[test]
+    fn metrics_restart_whole_and_take_appended_lines_after() {
+        let run = RunDir(scratch_dir("metrics"));
+        std::fs::write(run.metrics(), "old 1\nold 2\nold 3\n").unwrap();
+        let mut file = run.restart_metrics(&["a".into(), "b".into()]).unwrap();
+        writeln!(file, "c").unwrap();
+        assert_eq!(std::fs::read_to_string(run.metrics()).unwrap(), "a\nb\nc\n");
+        assert!(!run.metrics().with_extension("jsonl.tmp").exists(), "nothing is left beside it");
     }
 
     #[test]

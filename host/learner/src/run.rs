@@ -257,11 +257,8 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     /// run (a resumed run's).
     fn start_metrics_file(&mut self) -> Result<()> {
         std::fs::write(self.dir.config(), self.config.to_toml()).context("cannot write config.toml")?;
-        let mut file = std::fs::File::create(self.dir.metrics()).context("cannot write metrics.jsonl")?;
-        for m in &self.history {
-            writeln!(file, "{}", serde_json::to_string(m)?).context("cannot write metrics.jsonl")?;
-        }
-        self.metrics_file = Some(file);
+        let lines = self.history.iter().map(serde_json::to_string).collect::<Result<Vec<_>, _>>()?;
+        self.metrics_file = Some(self.dir.restart_metrics(&lines)?);
         Ok(())
     }
 
@@ -289,8 +286,10 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
         m.env_recoveries = recovered.rebuilt_instances;
         m.recovered = recovered.any().then(|| recovered.to_string());
         let file = self.metrics_file.as_mut().expect("the metrics file is open");
+        // On disk before the step is reported: a crash or a power cut
+        // loses no line that was shown.
         writeln!(file, "{}", serde_json::to_string(&m)?).context("cannot append to metrics.jsonl")?;
-        file.flush().context("cannot append to metrics.jsonl")?;
+        file.sync_data().context("cannot append to metrics.jsonl")?;
         Ok(m)
     }
 

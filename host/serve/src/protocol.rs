@@ -364,3 +364,101 @@ mod tests {
         assert_eq!(frame, json!({"type": "error", "data": {"message": "boom", "code": "EXECUTION_ERROR"}}));
     }
 }
+
+/// Fuzzing the frames: a `/ws` text frame is bytes anyone on the network
+/// wrote, so any frame decodes or is refused with an OpenEnv error frame,
+/// never a panic (`make fuzz` runs it longer). Frames are assembled from
+/// the protocol's own pieces (types, fields, actions, seeds, ids), values
+/// at and past every bound, and nesting deep enough to overflow a
+/// recursive parser's stack.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    const KEYS: &[&str] = &["type", "data", "seed", "episode_id", "action", "metadata", "extra", "", "\\u0000"];
+    const TYPES: &[&str] = &["reset", "step", "state", "close", "mcp", "RESET", "", "step\\u0000"];
+    const VALUES: &[&str] = &[
+        "null",
+        "true",
+        "0",
+        "1",
+        "-1",
+        "4294967295",
+        "4294967296",
+        "18446744073709551615",
+        "18446744073709551616",
+        "1e400",
+        "-0.0",
+        "0.5",
+        "\"up\"",
+        "\"UP\"",
+        "\"\\ud800\"",
+        "\"\\u202e\"",
+        "[]",
+        "{}",
+        "\"\"",
+    ];
+
+    /// A JSON value built from the pieces, nested to `depth`.
+    fn value() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            prop::sample::select(VALUES).prop_map(str::to_string),
+            prop::sample::select(TYPES).prop_map(|t| format!("\"{t}\"")),
+            "[ -~]{0,12}".prop_map(|s| serde_json::to_string(&s).unwrap()),
+            (0usize..300).prop_map(|n| format!("\"{}\"", "x".repeat(n))),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::vec((prop::sample::select(KEYS), inner), 0..4)
+                    .prop_map(|kv| format!("{{{}}}", kv.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect::<Vec<_>>().join(","))),
+            ]
+        })
+    }
+
+    /// A frame: a message of the protocol's shape, any JSON value, deep
+    /// nesting, or any text at all.
+    fn frame() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (prop::sample::select(TYPES), prop::option::of(value()), prop::option::of((prop::sample::select(KEYS), value()))).prop_map(
+                |(kind, data, extra)| {
+                    let mut fields = vec![format!("\"type\":\"{kind}\"")];
+                    fields.extend(data.map(|d| format!("\"data\":{d}")));
+                    fields.extend(extra.map(|(k, v)| format!("\"{k}\":{v}")));
+                    format!("{{{}}}", fields.join(","))
+                }
+            ),
+            value(),
+            (1usize..100_000, prop::bool::ANY).prop_map(|(n, arrays)| if arrays { "[".repeat(n) } else { "{\"data\":".repeat(n) }),
+            ".{0,64}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(512),
+            failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("regressions"))),
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn any_frame_decodes_or_gets_an_error_frame_never_panics(text in frame(), text_env in prop::bool::ANY) {
+            let actions = if text_env {
+                ActionParser { names: Vec::new(), text_max: Some(16) }
+            } else {
+                ActionParser { names: vec!["Up".into(), "Down".into()], text_max: None }
+            };
+            match parse_message(&text, &actions) {
+                Ok(ClientMessage::Step(Action::Id(id))) => prop_assert!((id as usize) < actions.names.len()),
+                Ok(ClientMessage::Step(Action::Text(t))) => prop_assert!(text_env && t.len() <= 16),
+                Ok(ClientMessage::Reset(args)) => prop_assert!(args.episode_id.is_none_or(|id| id.len() <= MAX_EPISODE_ID)),
+                Ok(_) => {}
+                Err(e) => {
+                    let frame: Value = serde_json::from_str(&e.frame()).expect("an error frame is JSON");
+                    prop_assert_eq!(&frame["type"], "error");
+                }
+            }
+        }
+    }
+}
