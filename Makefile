@@ -108,10 +108,13 @@ python-plugins:
 	  $(COMPONENTIZE_PY) -p env-plugins/guess-number environment -o $(PLUGIN_DIR)/guess-number.wasm >/dev/null && \
 	  echo "  built $(PLUGIN_DIR)/guess-number.wasm (Python, $$(wc -c < $(PLUGIN_DIR)/guess-number.wasm) bytes)" && \
 	  $(COMPONENTIZE_PY) -p examples/corridor-py environment -o $(EXAMPLE_DIR)/corridor-py.wasm >/dev/null && \
-	  echo "  built $(EXAMPLE_DIR)/corridor-py.wasm (the Python authoring example)"; \
+	  echo "  built $(EXAMPLE_DIR)/corridor-py.wasm (the Python authoring example)" && \
+	  mkdir -p $(TEST_PLUGIN_DIR) && \
+	  $(COMPONENTIZE_PY) -p examples/corridor-py -p tests/short-batch-py short_batch -o $(TEST_PLUGIN_DIR)/corridor-py-short-batch.wasm >/dev/null && \
+	  echo "  built $(TEST_PLUGIN_DIR)/corridor-py-short-batch.wasm (its batched calls return one result short)"; \
 	else \
 	  echo "warning: the Python plugin toolchain could not be installed (python3 -m venv, then pip install -r $(PY_REQUIREMENTS));" >&2; \
-	  echo "warning: skipping guess-number.wasm and corridor-py.wasm; the Rust plugins are unaffected" >&2; \
+	  echo "warning: skipping guess-number.wasm, corridor-py.wasm and corridor-py-short-batch.wasm; the Rust plugins are unaffected" >&2; \
 	fi
 
 js-plugins:

@@ -157,7 +157,8 @@ pub struct Recoveries {
     /// were run again one call per env.
     pub batch_faults: usize,
     /// Instances whose batching was turned off because a batch ran out of
-    /// time: from then on they make one call per env.
+    /// time or returned a result count other than its envs' (the plugin's
+    /// batched calls are broken): from then on they make one call per env.
     pub batching_off: usize,
     /// Running episodes of other envs replayed into a new instance.
     pub replayed_episodes: usize,
@@ -197,7 +198,7 @@ impl Recoveries {
 
 impl fmt::Display for Recoveries {
     /// `2 instances rebuilt, 1 batched call run again call by call, 14
-    /// episodes replayed; batching turned off on 1 instance (...); the
+    /// episodes replayed; batching turned off on 1 instance; the
     /// first: ...`, or `none`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.any() {
@@ -212,7 +213,7 @@ impl fmt::Display for Recoveries {
             count(self.replayed_episodes, "episode", "episodes"),
         )?;
         if self.batching_off > 0 {
-            write!(f, "; batching turned off on {} (a batch ran out of time)", count(self.batching_off, "instance", "instances"))?;
+            write!(f, "; batching turned off on {}", count(self.batching_off, "instance", "instances"))?;
         }
         if let Some(first) = &self.first {
             write!(f, "; the first: {first}")?;

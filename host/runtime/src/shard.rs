@@ -18,7 +18,10 @@
 //! quickly as without batching. A batch that runs out of time without a
 //! hang (each step slow, but within its own budget) turns batching off for
 //! that instance: from then on it gets one call per env, each with its own
-//! budget, rather than a timeout and a replay on every batch.
+//! budget, rather than a timeout and a replay on every batch. So does a
+//! batch that returns more or fewer results than it was given envs: the
+//! plugin's batched calls themselves are broken, and would be on every
+//! batch.
 
 use crate::bindings::exports::ragen::env::environment::StepResult;
 use crate::bindings::ragen::env::types::{Action, ActionSpace, EnvError, ErrorKind};
@@ -75,7 +78,8 @@ pub(crate) struct Shard {
     /// What this shard did to recover from faults.
     pub(crate) recoveries: Recoveries,
     /// Whether to use the plugin's batched calls (off for plugins without
-    /// them, by configuration, or after a batch ran out of time).
+    /// them, by configuration, or after a batch ran out of time or
+    /// returned the wrong count of results).
     batched: bool,
     /// The envs' action space, read on the first oracle call to check the
     /// oracle's answers against.
@@ -275,11 +279,13 @@ impl Shard {
     }
 
     /// A batched call faulted: restore the instance as it was before the
-    /// batch, and stop batching if the batch merely ran out of time.
+    /// batch, and stop batching if the batch merely ran out of time or
+    /// broke the contract as a whole (a wrong count of results: a trap names
+    /// no env either, but is an env's bug, which its own call isolates).
     fn batch_faulted(&mut self, call: &str, fault: &Fault) {
         self.recoveries.batch_faults += 1;
         self.recoveries.first.get_or_insert_with(|| format!("a batched {call} faulted ({}: {})", fault.kind.as_str(), fault.message));
-        if fault.kind == crate::FaultKind::Timeout {
+        if matches!(fault.kind, crate::FaultKind::Timeout | crate::FaultKind::Contract) {
             self.batched = false;
             self.recoveries.batching_off += 1;
         }

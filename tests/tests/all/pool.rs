@@ -289,6 +289,33 @@ fn a_batch_that_runs_out_of_time_turns_batching_off_for_its_instance() {
 }
 
 #[test]
+fn a_short_batched_result_is_run_again_call_by_call_and_counted() {
+    // Its reset-many and step-many return one result fewer than they were
+    // given envs: a broken contract, not a fault of one env. Every env
+    // still gets its own call's result, and the recovery is counted.
+    let plugin = faulty("corridor-py-short-batch", SandboxLimits::default());
+    assert!(plugin.has_batch());
+    let (short, single) = (
+        EnvPool::new(plugin.clone(), &config(8, 1, 8)).unwrap(),
+        EnvPool::new(plugin, &PoolConfig { batched: false, ..config(8, 1, 8) }).unwrap(),
+    );
+    let seeds: Vec<u64> = (0..8).collect();
+    assert_eq!(short.reset_all(&seeds).unwrap(), single.reset_all(&seeds).unwrap());
+    for round in 0..3 {
+        assert_eq!(short.step_all(&[1u32; 8]).unwrap(), single.step_all(&[1u32; 8]).unwrap(), "round {round}");
+    }
+    // The first reset-many turns batching off for the instance (its
+    // batched calls would break on every batch): one rebuild, with no
+    // running episode to replay, and single calls from then on.
+    let stats = short.stats().unwrap();
+    let r = &stats.recoveries;
+    assert_eq!((r.batch_faults, r.batching_off, r.rebuilt_instances, r.replayed_episodes), (1, 1, 1, 0), "{r}");
+    assert_eq!(stats.batched_instances, 0);
+    assert!(r.first.as_deref().unwrap().contains("reset-many faulted (contract: reset-many: returned 7 results for 8 envs)"), "{r}");
+    assert_eq!(single.stats().unwrap().recoveries, ragen_runtime::Recoveries::default());
+}
+
+#[test]
 fn a_trap_inside_a_batch_keeps_batching_on() {
     // A trap names no env either, but it is the env's bug, not slowness:
     // the retry isolates it and the instance goes on batching.
