@@ -141,9 +141,41 @@ pub(crate) struct CheckpointState {
     /// LoRA, mean nothing on another).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) base_model: Option<BaseModel>,
+    /// The SHA-256 of each file the save wrote, by name (filled by the
+    /// save): a damaged file is refused before any of it is decoded.
+    /// Checkpoints from before it have none and are read unchecked.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub(crate) files: std::collections::BTreeMap<String, String>,
 }
 
 impl CheckpointState {
+    /// Check the files `names` (their stems; all of them when `None`)
+    /// against the digests the save recorded: Burn's record decoder trusts
+    /// what it reads (a damaged tensor shape has it allocate exabytes, which
+    /// aborts the process), so damaged bytes must not reach it.
+    fn verify(dir: &Path, names: Option<&[&str]>) -> Result<()> {
+        // `Learner::save` alone writes no state: nothing to check against.
+        if !dir.join(STATE).exists() {
+            return Ok(());
+        }
+        let state = Self::read(dir)?;
+        for (file, digest) in &state.files {
+            let stem = file.strip_suffix(".bin").unwrap_or(file);
+            if names.is_some_and(|names| !names.contains(&stem)) {
+                continue;
+            }
+            let path = dir.join(file);
+            let now = ragen_llm::sha256_file(&path).with_context(|| format!("the checkpoint's `{}` is missing", path.display()))?;
+            ensure!(
+                &now == digest,
+                "the checkpoint's `{}` is damaged: its SHA-256 is not the one `{STATE}` recorded when it was saved \
+                 (resume from or evaluate another checkpoint, e.g. `checkpoint-best/`)",
+                path.display()
+            );
+        }
+        Ok(())
+    }
+
     fn read(dir: &Path) -> Result<Self> {
         let file = dir.join(STATE);
         let text = std::fs::read_to_string(&file).with_context(|| format!("no checkpoint in `{}` (no {STATE})", dir.display()))?;
@@ -262,6 +294,7 @@ where
     B: AutodiffBackend,
     M: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>,
 {
+    CheckpointState::verify(dir, None)?;
     read_weights(learner, dir)?;
     let recorder = CheckpointRecorder;
     let record = decoded(|| Ok(recorder.load(dir.join(OPTIMIZER), &learner.device)?))
@@ -297,6 +330,7 @@ where
     B: AutodiffBackend,
     M: PolicyNetwork<B> + AutodiffModule<B>,
 {
+    CheckpointState::verify(dir, Some(&[MODEL]))?;
     let model = learner.model.take().expect("model present");
     let file = dir.join(MODEL);
     learner.model = Some(
@@ -332,6 +366,8 @@ fn replace(target: &Path, state: &CheckpointState, fill: impl FnOnce(&Path) -> R
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create `{}`", tmp.display()))?;
     fill(&tmp)?;
     sync_files(&tmp)?;
+    let mut state = state.clone();
+    state.files = digests(&tmp)?;
     state.write(&tmp)?;
     if is_whole(target) {
         remove_if_present(&old)?;
@@ -375,6 +411,18 @@ fn remove_if_present(dir: &Path) -> Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// The SHA-256 of every file in `dir`, by name.
+fn digests(dir: &Path) -> Result<std::collections::BTreeMap<String, String>> {
+    let mut out = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list `{}`", dir.display()))? {
+        let path = entry.with_context(|| format!("cannot list `{}`", dir.display()))?.path();
+        if path.is_file() {
+            out.insert(path.file_name().unwrap_or_default().to_string_lossy().into_owned(), ragen_llm::sha256_file(&path)?);
+        }
+    }
+    Ok(out)
 }
 
 /// Flush every file of `dir` to disk, so that a power cut after
@@ -507,7 +555,7 @@ mod tests {
     }
 
     fn state(step: u64) -> CheckpointState {
-        CheckpointState { step, val_success: None, base_model: None }
+        CheckpointState { step, val_success: None, base_model: None, files: Default::default() }
     }
 
     /// A checkpoint whose one weights file says which step wrote it.
@@ -642,8 +690,10 @@ mod fuzz {
         FILES.get_or_init(|| {
             let dir = std::env::temp_dir().join(format!("ragen-fuzz-checkpoint-{}", std::process::id()));
             let target = dir.join("checkpoint");
-            replace(&target, &CheckpointState { step: 3, val_success: Some(0.5), base_model: None }, |d| write_learner(&learner(), d))
-                .unwrap();
+            replace(&target, &CheckpointState { step: 3, val_success: Some(0.5), base_model: None, files: Default::default() }, |d| {
+                write_learner(&learner(), d)
+            })
+            .unwrap();
             let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&target)
                 .unwrap()
                 .map(|e| e.unwrap())
@@ -698,30 +748,26 @@ mod fuzz {
         bytes
     }
 
-    /// The crash the fuzzing found, at every offset: bincode sized a
-    /// buffer by a damaged length (here 2⁶³ − 1) and the failed allocation
-    /// aborted the process. Now each such file is refused.
+    /// With the digests the save records, one flipped byte in any file is
+    /// refused before it is decoded, naming the file.
     #[test]
-    fn a_huge_length_planted_anywhere_in_a_weights_file_is_refused() {
-        let dir = std::env::temp_dir().join(format!("ragen-fuzz-planted-{}", std::process::id()));
+    fn a_damaged_file_is_refused_by_its_digest_naming_it() {
+        let dir = std::env::temp_dir().join(format!("ragen-fuzz-digest-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for (name, bytes) in files() {
-            std::fs::write(dir.join(name), bytes).unwrap();
-        }
-        for name in ["model.bin", "optimizer.bin"] {
-            let bytes = &files().iter().find(|f| f.0 == name).unwrap().1;
-            for at in 0..bytes.len() {
-                // bincode's variable-length integer: 253, then 8 bytes.
-                let huge: Vec<u8> = [253].into_iter().chain((u64::MAX / 2).to_le_bytes()).collect();
-                let mut planted = bytes.clone();
-                let end = (at + huge.len()).min(planted.len());
-                planted[at..end].copy_from_slice(&huge[..end - at]);
-                std::fs::write(dir.join(name), &planted).unwrap();
-                let _ = learner().load(&dir);
+        let state = &files().iter().find(|f| f.0 == STATE).unwrap().1;
+        assert!(String::from_utf8_lossy(state).contains("\"files\""), "the save records digests");
+        for (victim, _) in files().iter().filter(|f| f.0 != STATE) {
+            for (name, bytes) in files() {
+                let mut bytes = bytes.clone();
+                if name == victim {
+                    let middle = bytes.len() / 2;
+                    bytes[middle] ^= 1;
+                }
+                std::fs::write(dir.join(name), bytes).unwrap();
             }
-            std::fs::write(dir.join(name), bytes).unwrap();
+            let error = format!("{:#}", learner().load(&dir).unwrap_err());
+            assert!(error.contains(victim.as_str()) && error.contains("SHA-256"), "{victim}: {error}");
         }
-        learner().load(&dir).expect("the undamaged checkpoint loads");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -463,7 +463,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
 
     /// What a checkpoint after `step` steps records besides the weights.
     fn state(&self, step: u64, val_success: Option<f64>) -> CheckpointState {
-        CheckpointState { step, val_success, base_model: self.base.clone() }
+        CheckpointState { step, val_success, base_model: self.base.clone(), files: Default::default() }
     }
 
     /// Success on the validation seeds (from `VAL_SEED_START`, apart from

@@ -4,12 +4,19 @@
 //! may allocate.
 //!
 //! A checkpoint is bytes a crash, a full disk or someone else may have
-//! left. bincode sizes a buffer by the length it reads, before it reads
-//! the contents: a damaged length of 2⁶³ aborts the process with a failed
-//! allocation, which no error handling can catch. Here the decoder may
-//! claim at most [`EXPANSION`] times the file's size in all (a length in
-//! the file takes at least a byte per element it counts, and no element
+//! left. Reading from a file, bincode sizes a buffer by the length it
+//! reads, before it reads the contents: a damaged length of 2⁶³ aborts the
+//! process with a failed allocation, which no error handling can catch.
+//! Here the file is read whole and decoded from its bytes, and the decoder
+//! may claim at most [`EXPANSION`] times the file's size in all (a length
+//! in the file takes at least a byte per element it counts, and no element
 //! grows more than that in memory), so a damaged length is an error.
+//!
+//! Burn's decoder still trusts a tensor's shape when its stored type is
+//! not `f32` (it converts by the shape, not the bytes), so a damaged type
+//! and shape can still abort it: checkpoints therefore record each file's
+//! SHA-256 and are checked before decoding (`ragen-learner`'s checkpoint
+//! module).
 
 use burn::record::{BinFileRecorder, FileRecorder, FullPrecisionSettings, Recorder, RecorderError};
 use burn::tensor::backend::Backend;
@@ -88,4 +95,25 @@ fn decode_bounded<I: DeserializeOwned>(bytes: &[u8]) -> Result<I, String> {
         1 << 39,
         1 << 40
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The crash the checkpoint fuzzing found: a length of 2⁶³ − 1 (253,
+    /// then 8 bytes, in bincode's variable-length integers) before a
+    /// tensor's bytes. Burn's recorder decodes from a reader, where that
+    /// much is allocated before reading and the process aborts; from the
+    /// file's bytes, with a limit, it is an error.
+    #[test]
+    fn a_huge_length_is_an_error_not_an_allocation() {
+        let mut bytes: Vec<u8> = [253].into_iter().chain((u64::MAX / 2).to_le_bytes()).collect();
+        bytes.extend_from_slice(b"abc");
+        let error = decode_bounded::<burn::tensor::Bytes>(&bytes).unwrap_err();
+        assert!(error.to_lowercase().contains("limit"), "{error}");
+        // And what fits decodes as Burn's recorder wrote it.
+        let fine = bincode::serde::encode_to_vec("abc", bincode::config::standard()).unwrap();
+        assert_eq!(decode_bounded::<String>(&fine).unwrap(), "abc");
+    }
 }
