@@ -295,7 +295,7 @@ where
     M: PolicyNetwork<B> + AutodiffModule<B, InnerModule: PolicyNetwork<B::InnerBackend>>,
 {
     CheckpointState::verify(dir, None)?;
-    read_weights(learner, dir)?;
+    read_model(learner, dir)?;
     let recorder = CheckpointRecorder;
     let record = decoded(|| Ok(recorder.load(dir.join(OPTIMIZER), &learner.device)?))
         .with_context(|| format!("cannot read the optimizer state `{}.bin`: it is damaged or incomplete", dir.join(OPTIMIZER).display()))?;
@@ -331,6 +331,15 @@ where
     M: PolicyNetwork<B> + AutodiffModule<B>,
 {
     CheckpointState::verify(dir, Some(&[MODEL]))?;
+    read_model(learner, dir)
+}
+
+/// The trained weights alone, their digest already checked.
+fn read_model<B, M>(learner: &mut Learner<B, M>, dir: &Path) -> Result<()>
+where
+    B: AutodiffBackend,
+    M: PolicyNetwork<B> + AutodiffModule<B>,
+{
     let model = learner.model.take().expect("model present");
     let file = dir.join(MODEL);
     learner.model = Some(
@@ -365,9 +374,8 @@ fn replace(target: &Path, state: &CheckpointState, fill: impl FnOnce(&Path) -> R
     remove_if_present(&tmp)?;
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create `{}`", tmp.display()))?;
     fill(&tmp)?;
-    sync_files(&tmp)?;
     let mut state = state.clone();
-    state.files = digests(&tmp)?;
+    state.files = sync_files(&tmp)?;
     state.write(&tmp)?;
     if is_whole(target) {
         remove_if_present(&old)?;
@@ -413,29 +421,20 @@ fn remove_if_present(dir: &Path) -> Result<()> {
     }
 }
 
-/// The SHA-256 of every file in `dir`, by name.
-fn digests(dir: &Path) -> Result<std::collections::BTreeMap<String, String>> {
-    let mut out = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list `{}`", dir.display()))? {
-        let path = entry.with_context(|| format!("cannot list `{}`", dir.display()))?.path();
-        if path.is_file() {
-            out.insert(path.file_name().unwrap_or_default().to_string_lossy().into_owned(), ragen_llm::sha256_file(&path)?);
-        }
-    }
-    Ok(out)
-}
-
 /// Flush every file of `dir` to disk, so that a power cut after
 /// `state.json` is written cannot leave a checkpoint whose weights are
-/// still in the page cache only.
-fn sync_files(dir: &Path) -> Result<()> {
+/// still in the page cache only; returns each file's SHA-256, by name,
+/// for `state.json` to record.
+fn sync_files(dir: &Path) -> Result<std::collections::BTreeMap<String, String>> {
+    let mut digests = std::collections::BTreeMap::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list `{}`", dir.display()))? {
         let path = entry.with_context(|| format!("cannot list `{}`", dir.display()))?.path();
         if path.is_file() {
             std::fs::File::open(&path).and_then(|f| f.sync_all()).with_context(|| format!("cannot flush `{}` to disk", path.display()))?;
+            digests.insert(path.file_name().unwrap_or_default().to_string_lossy().into_owned(), ragen_llm::sha256_file(&path)?);
         }
     }
-    Ok(())
+    Ok(digests)
 }
 
 /// Flush the renames in `target`'s parent directory to disk. Best effort:
