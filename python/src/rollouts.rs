@@ -9,7 +9,6 @@ use pyo3::types::{PyDict, PyList};
 use ragen_agent::policies::RandomPolicy;
 use ragen_agent::{AgentConfig, ByteTokenizer, Context, Policy, Response, Role, RolloutConfig, RolloutRunner, Tokenizer, write_jsonl};
 use ragen_runtime::Plugin;
-use std::sync::Arc;
 
 /// The agent loop over one plugin's envs: `env_groups` groups of
 /// `group_size` envs, each group reset from one seed.
@@ -99,7 +98,7 @@ impl Rollouts {
         let settings = config.env_settings(&settings);
         let rollout = RolloutConfig { env_groups, group_size, ..config.rollout.clone() };
         py.detach(|| {
-            let plugin = Arc::new(Plugin::from_file_with(path, config.sandbox.limits()?)?);
+            let plugin = ragen_runtime::LocalPlugin::provider(Plugin::from_file_with(path, config.sandbox.limits()?)?);
             RolloutRunner::new(plugin, &settings, rollout, config.prompt.clone(), threads.max(1))
         })
         .map(|runner| Rollouts { runner, group_size })

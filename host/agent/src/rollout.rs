@@ -7,7 +7,7 @@ use crate::policy::{Context, Message, Policy, Response};
 use crate::prompt::{PromptBuilder, PromptTemplates, Role};
 use crate::trajectory::{Segment, Trajectory, Turn, visible};
 use anyhow::{Result, bail};
-use ragen_runtime::{Action, EnvPool, EnvSpec, Plugin, PluginInfo, PoolConfig};
+use ragen_runtime::{Action, EnvProvider, EnvSpec, Envs, PluginInfo, PoolConfig};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -71,9 +71,10 @@ impl RolloutConfig {
     }
 }
 
-/// Runs rollouts of one plugin through its own pool.
+/// Runs rollouts of one env source through its own batch of envs (a
+/// plugin's pool in this process, or a server's envs).
 pub struct RolloutRunner {
-    pool: EnvPool,
+    pool: Box<dyn Envs>,
     info: PluginInfo,
     spec: EnvSpec,
     config: RolloutConfig,
@@ -98,7 +99,7 @@ struct Live {
 impl RolloutRunner {
     /// A pool of `env_groups * group_size` envs created with `settings`.
     pub fn new(
-        plugin: Arc<Plugin>,
+        envs: Arc<dyn EnvProvider>,
         settings: &[(String, String)],
         config: RolloutConfig,
         templates: PromptTemplates,
@@ -110,11 +111,11 @@ impl RolloutRunner {
         if config.max_context_window == Some(0) {
             bail!("max_context_window 0: use at least 1 (the current turn), or leave it out to keep the whole conversation");
         }
-        let (info, spec) = plugin.describe(settings)?;
+        let (info, spec) = envs.describe(settings)?;
         let limits = config.limits(&spec);
         let pool_config =
             PoolConfig { threads, settings: settings.to_vec(), autoreset: false, ..PoolConfig::new(config.env_groups * config.group_size) };
-        let pool = EnvPool::new(plugin, &pool_config)?;
+        let pool = envs.open(&pool_config)?;
         let prompts = PromptBuilder::new(templates, &spec, config.enable_think, limits.max_actions_per_turn)
             .with_task_in_system(config.max_context_window.is_some());
         let parser = ResponseParser::for_spec(&spec, config.enable_think, limits.max_actions_per_turn as usize);

@@ -1,19 +1,25 @@
-//! Plugins in OCI registries: `--env oci://…` on every command that takes a
-//! plugin ([`PluginSource`]), and the registry the `push` and `pull`
-//! commands talk to.
+//! Where envs come from ([`PluginSource`]: a file, `--env oci://…` on every
+//! command that takes a plugin, or a server's `ws://…`), and the registry
+//! the `push` and `pull` commands talk to.
 
 use crate::output::errln;
 use anyhow::{Context, Result, bail};
 use ragen_oci::{PluginRef, PublicKey, Pulled, Registry, RegistryOptions, Trust};
+use ragen_remote::RemoteAddress;
+use ragen_runtime::{EnvProvider, LocalPlugin, Plugin, SandboxLimits};
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 
-/// Where a plugin comes from: a `.wasm` file, or `oci://registry/…`.
+/// Where an env comes from: a plugin's `.wasm` file, a plugin in a
+/// registry (`oci://registry/…`), or servers (`ws://host:port`, see
+/// ragen-remote).
 #[derive(Clone, Debug)]
 pub enum PluginSource {
     File(PathBuf),
     Oci(PluginRef),
+    Remote(RemoteAddress),
 }
 
 impl FromStr for PluginSource {
@@ -22,6 +28,9 @@ impl FromStr for PluginSource {
     fn from_str(s: &str) -> Result<Self> {
         if s.starts_with(ragen_oci::SCHEME) {
             return Ok(Self::Oci(PluginRef::parse(s)?));
+        }
+        if ragen_remote::is_remote(s) {
+            return Ok(Self::Remote(s.parse()?));
         }
         Ok(Self::File(PathBuf::from(s)))
     }
@@ -32,6 +41,7 @@ impl fmt::Display for PluginSource {
         match self {
             Self::File(p) => write!(f, "{}", p.display()),
             Self::Oci(r) => write!(f, "{r}"),
+            Self::Remote(a) => write!(f, "{a}"),
         }
     }
 }
@@ -58,6 +68,19 @@ impl PluginSource {
                 announce(&pulled);
                 Ok(Fetched { path: pulled.path.clone(), pulled: Some(pulled) })
             }
+            Self::Remote(address) => bail!(
+                "`{address}` is a server, and this command needs the plugin itself: give its .wasm file or oci:// reference \
+                 (inspect, play, eval and train take a server's ws:// address)"
+            ),
+        }
+    }
+
+    /// The envs this source runs: a plugin (fetched as [`fetch`](Self::fetch)
+    /// does) in this process under `limits`, or a server's.
+    pub fn provider(&self, access: &crate::oci::Access, limits: SandboxLimits) -> Result<Arc<dyn EnvProvider>> {
+        match self {
+            Self::Remote(address) => ragen_remote::Remote::connect(address),
+            _ => Ok(LocalPlugin::provider(Plugin::from_file_with(self.local(access)?, limits)?)),
         }
     }
 

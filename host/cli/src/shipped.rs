@@ -142,11 +142,11 @@ mod tests {
     use super::*;
     use ragen_agent::policies::{OraclePolicy, RandomPolicy};
     use ragen_agent::{EVAL_SEED_START, PromptTemplates, RolloutConfig, RolloutRunner, summarize};
-    use ragen_runtime::Plugin;
+    use ragen_runtime::{EnvProvider, LocalPlugin, Plugin};
     use std::sync::Arc;
 
-    fn plugin(name: &str) -> Arc<Plugin> {
-        Arc::new(Plugin::from_file(ragen_test_fixtures::plugin(name)).unwrap())
+    fn plugin(name: &str) -> Arc<dyn EnvProvider> {
+        LocalPlugin::provider(Plugin::from_file(ragen_test_fixtures::plugin(name)).unwrap())
     }
 
     fn runner(name: &str, groups: usize) -> RolloutRunner {
@@ -156,7 +156,7 @@ mod tests {
 
     fn twin(name: &str, claimed: &str) -> Option<Twin> {
         let plugin = plugin(name);
-        let mut inst = plugin.instantiate().unwrap();
+        let mut inst = plugin.plugin().expect("a plugin in process").instantiate().unwrap();
         let env = inst.create(&[]).unwrap().unwrap();
         Twin::find(claimed, &mut inst, env, &[]).unwrap()
     }

@@ -317,7 +317,8 @@ impl CriticSection {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PluginRecord {
-    /// What `--env` said: a file path or `oci://registry/ns/name:tag`.
+    /// What `--env` said: a file path, `oci://registry/ns/name:tag`, or a
+    /// server's `ws://host:port`.
     pub source: Option<String>,
     /// For a plugin pulled from a registry: the manifest digest
     /// (`sha256:…`) the reference resolved to, which pins it
@@ -328,6 +329,9 @@ pub struct PluginRecord {
     /// Who signed it, when a trust policy required a signature: the
     /// verifying key's `sha256:` fingerprint.
     pub signed_by: Option<String>,
+    /// For envs on a server (`ws://…`): the env it said it serves, as
+    /// `name version`.
+    pub served: Option<String>,
 }
 
 impl PluginRecord {

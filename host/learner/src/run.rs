@@ -21,7 +21,7 @@ use anyhow::{Context, Result, bail};
 use ragen_agent::{Policy, RolloutConfig, RolloutMetrics, RolloutRunner, Trajectory, Usage, summarize};
 use ragen_ops::TrainBackend;
 use ragen_policy::PluginTokenizer;
-use ragen_runtime::{EnvSpec, Plugin, Recoveries, next_seed};
+use ragen_runtime::{EnvProvider, EnvSpec, Recoveries, next_seed};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -63,12 +63,12 @@ impl CollapseAlarm {
     }
 }
 
-/// Train `plugin` with `config` into `out`, starting at the checkpoint there
+/// Train on the envs of `plugin` (a plugin in this process or a server) with `config` into `out`, starting at the checkpoint there
 /// if `resume`: the from-scratch transformer, or the pretrained model that
 /// `model_path` names. `on_step` sees every step's metrics (for a progress
 /// bar); `stop` ends the run after the current step, with a checkpoint.
 pub fn train<B: TrainBackend>(
-    plugin: Arc<Plugin>,
+    plugin: Arc<dyn EnvProvider>,
     config: &TrainConfig,
     out: &Path,
     resume: bool,
@@ -195,7 +195,7 @@ impl<'c, B: TrainBackend, T: Trainee<B>> Run<'c, B, T> {
     /// The run directory, the training and validation rollout runners, and
     /// the trainee and its learner from `build`, seeded from the config.
     fn open(
-        plugin: Arc<Plugin>,
+        plugin: Arc<dyn EnvProvider>,
         config: &'c TrainConfig,
         out: &Path,
         device: B::Device,

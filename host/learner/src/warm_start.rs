@@ -14,7 +14,7 @@ use crate::config::TrainConfig;
 use anyhow::{Context, Result, bail};
 use ragen_agent::policies::{ORACLE_MISSING, OraclePolicy, ReplayPolicy};
 use ragen_agent::{RolloutConfig, RolloutRunner, Trajectory, read_jsonl};
-use ragen_runtime::{Plugin, next_seed};
+use ragen_runtime::{EnvProvider, next_seed};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -39,7 +39,7 @@ impl WarmStart {
     /// The warm start `config` asks for, or `None` without one. Fails when
     /// the plugin has no oracle to play, or the file cannot be read or
     /// holds no trajectory.
-    pub(crate) fn open(plugin: Arc<Plugin>, config: &TrainConfig, threads: usize) -> Result<Option<Self>> {
+    pub(crate) fn open(plugin: Arc<dyn EnvProvider>, config: &TrainConfig, threads: usize) -> Result<Option<Self>> {
         let w = &config.warm_start;
         if w.is_off() {
             return Ok(None);

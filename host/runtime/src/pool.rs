@@ -106,6 +106,10 @@ pub enum FailureKind {
     InvalidOutput,
     /// The plugin (or the pool, for the episode rules) reported an error.
     Env(ErrorKind),
+    /// A remote env's server could not be reached, closed the connection,
+    /// or did not answer within its deadline: the episode is lost, and the
+    /// env reconnects at its next reset.
+    Lost,
 }
 
 /// One env's failed call. The episode it belonged to is over.
@@ -132,12 +136,14 @@ impl fmt::Display for EnvFailure {
 
 impl EnvFailure {
     /// The kind as one word or two for reports: `trap`, `timeout`,
-    /// `memory-cap`, `contract`, `invalid output`, or the env error's kind.
+    /// `memory-cap`, `contract`, `invalid output`, `lost` (a remote env's
+    /// server), or the env error's kind.
     pub fn kind_name(&self) -> String {
         match self.kind {
             FailureKind::Fault(k) => k.as_str().to_string(),
             FailureKind::InvalidOutput => "invalid output".into(),
             FailureKind::Env(k) => format!("{k:?}"),
+            FailureKind::Lost => "lost".into(),
         }
     }
 }

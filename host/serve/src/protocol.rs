@@ -123,6 +123,75 @@ pub fn parse_message(text: &str, actions: &ActionParser) -> Result<ClientMessage
     }
 }
 
+/// One decoded `/ragen/batch` frame: each call's env and message (an
+/// action the env cannot take is that env's error, not the frame's).
+#[derive(Clone, Debug, PartialEq)]
+pub enum BatchMessage {
+    Calls(Vec<(usize, Result<ClientMessage, ProtocolError>)>),
+    Close,
+}
+
+/// Decode a `/ragen/batch` text frame, for a session of `envs` envs:
+///
+/// | client sends | server answers |
+/// |---|---|
+/// | `{"type":"reset","data":{"envs":[0,1],"seeds":[7,7]}}` | `{"type":"observations","data":[{"observation":…,"reward":null,"done":false}, …]}` |
+/// | `{"type":"step","data":{"envs":[0,1],"actions":["Up",2]}}` | `{"type":"observations","data":[…, {"error":{"message":…,"code":…}}]}` |
+/// | `{"type":"close"}` | (the socket closes) |
+///
+/// Each answer is what `/ws` would answer that env, in the frame's order.
+pub fn parse_batch(text: &str, actions: &ActionParser, envs: usize) -> Result<BatchMessage, ProtocolError> {
+    let value: Value = serde_json::from_str(text).map_err(|e| ProtocolError::new(ErrorCode::InvalidJson, format!("Invalid JSON: {e}")))?;
+    let kind = value.get("type").and_then(Value::as_str).unwrap_or_default();
+    let data = value.get("data").and_then(Value::as_object);
+    let example = r#"{"type": "step", "data": {"envs": [0, 1], "actions": ["Up", 2]}}"#;
+    let (items_key, data) = match (kind, data) {
+        ("close", _) => return Ok(BatchMessage::Close),
+        ("reset", Some(d)) => ("seeds", d),
+        ("step", Some(d)) => ("actions", d),
+        ("reset" | "step", None) => return Err(ProtocolError::invalid(format!("a batched {kind} needs `data`, e.g. {example}"))),
+        (other, _) => {
+            return Err(ProtocolError::new(
+                ErrorCode::UnknownType,
+                format!("Unknown message type: `{other}` (expected reset, step or close)"),
+            ));
+        }
+    };
+    let ids = data
+        .get("envs")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ProtocolError::invalid(format!("`envs` is a list of env indices, e.g. {example}")))?;
+    let items = data
+        .get(items_key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| ProtocolError::invalid(format!("`{items_key}` is a list, one per env")))?;
+    if ids.len() != items.len() {
+        return Err(ProtocolError::invalid(format!("{} envs but {} {items_key}", ids.len(), items.len())));
+    }
+    let mut seen = vec![false; envs];
+    let mut calls = Vec::with_capacity(ids.len());
+    for (id, item) in ids.iter().zip(items) {
+        let env = id.as_u64().map(|i| i as usize).filter(|&i| i < envs).ok_or_else(|| {
+            ProtocolError::invalid(format!("env {id} is not in this session, which holds envs 0 to {}", envs.saturating_sub(1)))
+        })?;
+        if std::mem::replace(&mut seen[env], true) {
+            return Err(ProtocolError::invalid(format!("env {env} is named twice in one frame")));
+        }
+        let message = match kind {
+            "reset" => match item {
+                Value::Null => Ok(ClientMessage::Reset(ResetArgs::default())),
+                v => v
+                    .as_u64()
+                    .map(|seed| ClientMessage::Reset(ResetArgs { seed: Some(seed), episode_id: None }))
+                    .ok_or_else(|| ProtocolError::invalid(format!("seed must be an integer from 0 to 2^64-1, not {v}"))),
+            },
+            _ => actions.action(item).map(ClientMessage::Step),
+        };
+        calls.push((env, message));
+    }
+    Ok(BatchMessage::Calls(calls))
+}
+
 /// `reset`'s `data` (or the HTTP `/reset` body): `seed` and `episode_id`.
 pub fn parse_reset(args: &Map<String, Value>) -> Result<ResetArgs, ProtocolError> {
     let mut out = ResetArgs::default();

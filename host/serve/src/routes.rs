@@ -1,7 +1,7 @@
 //! The HTTP routes and the WebSocket session loop.
 
 use crate::App;
-use crate::protocol::{self, ClientMessage, ErrorCode, ProtocolError};
+use crate::protocol::{self, BatchMessage, ClientMessage, ErrorCode, ProtocolError};
 use crate::session::Session;
 use axum::Json;
 use axum::Router;
@@ -31,6 +31,8 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/state", get(state))
         .route("/schema", get(|State(app): State<Arc<App>>| async move { Json(protocol::schema(&app.actions)) }))
         .route("/metadata", get(|State(app): State<Arc<App>>| async move { Json(protocol::metadata(&app.info, &app.spec)) }))
+        .route("/ragen/batch", get(batch_ws))
+        .route("/ragen/spec", get(|State(app): State<Arc<App>>| async move { Json(ragen_runtime::describe_json(&app.info, &app.spec)) }))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/mcp", post(mcp))
@@ -209,6 +211,8 @@ async fn openapi(State(app): State<Arc<App>>) -> Json<Value> {
             "/state": {"get": op("A fresh session's state")},
             "/schema": {"get": op("JSON schemas of action, observation and state")},
             "/metadata": {"get": op("The plugin's name, version, description and instructions")},
+            "/ragen/batch": {"get": op("A WebSocket session for many envs (?envs=N): one frame resets or steps a batch, for ragen-host's --env ws://")},
+            "/ragen/spec": {"get": op("The plugin's whole self-description (legend, limits, metric names), for ragen-host's --env ws://")},
             "/health": {"get": op("Liveness and session count")},
             "/metrics": {"get": op("Prometheus metrics")},
             "/mcp": {"post": op("JSON-RPC; plugins have no MCP tools")},
@@ -234,30 +238,9 @@ async fn session_loop(app: Arc<App>, mut session: Session, mut socket: WebSocket
     metrics.sessions_active.inc();
     debug!(sessions = app.envs.slots.in_use(), "session opened");
     let close = loop {
-        let received = tokio::select! {
-            biased;
-            _ = app.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, "the server is shutting down".to_string())),
-            _ = tokio::time::sleep(app.config.idle_timeout) => {
-                metrics.sessions_reaped.inc();
-                break Some((CLOSE_NORMAL, format!("idle for {} s: session closed", app.config.idle_timeout.as_secs_f64())));
-            }
-            received = socket.recv() => received,
-        };
-        let text = match received {
-            None | Some(Ok(Message::Close(_))) => break None,
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-            Some(Ok(Message::Binary(_))) => {
-                let e = ProtocolError::new(ErrorCode::SessionError, "binary frames are not part of the protocol: send JSON text frames");
-                let _ = socket.send(Message::Text(e.frame().into())).await;
-                break Some((CLOSE_UNSUPPORTED, "binary frame".into()));
-            }
-            Some(Err(e)) => {
-                metrics.reject("too_large");
-                debug!("session read error: {e}");
-                let limit = app.config.max_request_bytes;
-                break Some((CLOSE_TOO_BIG, format!("unreadable or oversized message (limit {limit} bytes, --max-request-bytes)")));
-            }
+        let text = match next_text(&app, &mut socket).await {
+            Received::Text(text) => text,
+            Received::End(close) => break close,
         };
         let reply = match protocol::parse_message(&text, &app.actions) {
             Ok(ClientMessage::Close) => break Some((CLOSE_NORMAL, String::new())),
@@ -271,11 +254,139 @@ async fn session_loop(app: Arc<App>, mut session: Session, mut socket: WebSocket
     // The env goes back before the session stops counting as open, so that
     // a client seeing the count drop can open a session at once.
     drop(session);
+    end_session(&mut socket, close).await;
+    metrics.sessions_active.dec();
+    debug!("session closed");
+}
+
+/// What a session's socket gave: a text frame, or the end of the session
+/// (with the close frame to send, if any).
+enum Received {
+    Text(axum::extract::ws::Utf8Bytes),
+    End(Option<(u16, String)>),
+}
+
+/// The next text frame, skipping pings; the end on shutdown, idleness,
+/// a close, a binary frame or an oversized message.
+async fn next_text(app: &App, socket: &mut WebSocket) -> Received {
+    let metrics = &app.envs.metrics;
+    loop {
+        let received = tokio::select! {
+            biased;
+            _ = app.shutdown.cancelled() => return Received::End(Some((CLOSE_GOING_AWAY, "the server is shutting down".to_string()))),
+            _ = tokio::time::sleep(app.config.idle_timeout) => {
+                metrics.sessions_reaped.inc();
+                return Received::End(Some((CLOSE_NORMAL, format!("idle for {} s: session closed", app.config.idle_timeout.as_secs_f64()))));
+            }
+            received = socket.recv() => received,
+        };
+        return match received {
+            None | Some(Ok(Message::Close(_))) => Received::End(None),
+            Some(Ok(Message::Text(text))) => Received::Text(text),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(Message::Binary(_))) => {
+                let e = ProtocolError::new(ErrorCode::SessionError, "binary frames are not part of the protocol: send JSON text frames");
+                let _ = socket.send(Message::Text(e.frame().into())).await;
+                Received::End(Some((CLOSE_UNSUPPORTED, "binary frame".into())))
+            }
+            Some(Err(e)) => {
+                metrics.reject("too_large");
+                debug!("session read error: {e}");
+                let limit = app.config.max_request_bytes;
+                Received::End(Some((CLOSE_TOO_BIG, format!("unreadable or oversized message (limit {limit} bytes, --max-request-bytes)"))))
+            }
+        };
+    }
+}
+
+async fn end_session(socket: &mut WebSocket, close: Option<(u16, String)>) {
     if let Some((code, reason)) = close {
         let _ = socket.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
     }
-    metrics.sessions_active.dec();
-    debug!("session closed");
+}
+
+/// `GET /ragen/batch?envs=N`: one WebSocket session for N envs, so that a
+/// client with many envs (ragen-host's `--env ws://`) makes one connection
+/// and one frame per call instead of N (see `protocol::parse_batch`). Its
+/// own route, so OpenEnv's clients see `/ws` exactly as before. All N slots
+/// or none: at capacity the upgrade is refused with 503.
+async fn batch_ws(
+    State(app): State<Arc<App>>,
+    axum::extract::Query(query): axum::extract::Query<std::collections::HashMap<String, String>>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let n = match query.get("envs").map(|n| n.parse::<usize>()) {
+        Some(Ok(n)) if n >= 1 => n,
+        _ => return error(StatusCode::BAD_REQUEST, "give the number of envs this session holds: /ragen/batch?envs=N, N at least 1"),
+    };
+    let Some(slots) = app.envs.slots.take_many(n) else { return capacity_error(&app) };
+    let limit = app.config.max_request_bytes;
+    let tracker = app.tracker.clone();
+    let sessions: Vec<Session> = slots.into_iter().map(Session::new).collect();
+    upgrade.max_message_size(limit).max_frame_size(limit).on_upgrade(move |socket| tracker.track_future(batch_loop(app, sessions, socket)))
+}
+
+async fn batch_loop(app: Arc<App>, mut sessions: Vec<Session>, mut socket: WebSocket) {
+    let metrics = &app.envs.metrics;
+    let n = sessions.len() as i64;
+    metrics.sessions_opened.inc_by(n as u64);
+    metrics.sessions_active.inc_by(n);
+    debug!(envs = n, sessions = app.envs.slots.in_use(), "batched session opened");
+    let close = loop {
+        let text = match next_text(&app, &mut socket).await {
+            Received::Text(text) => text,
+            Received::End(close) => break close,
+        };
+        let reply = match protocol::parse_batch(&text, &app.actions, sessions.len()) {
+            Ok(BatchMessage::Close) => break Some((CLOSE_NORMAL, String::new())),
+            Ok(BatchMessage::Calls(calls)) => answer_batch(&app, &mut sessions, calls).await,
+            Err(e) => e.frame(),
+        };
+        if socket.send(Message::Text(reply.into())).await.is_err() {
+            break None;
+        }
+    };
+    drop(sessions);
+    end_session(&mut socket, close).await;
+    metrics.sessions_active.dec_by(n);
+    debug!("batched session closed");
+}
+
+/// Every call of a batched frame at once (the stepping thread gathers them
+/// into pool batches); the answers in the frame's order.
+async fn answer_batch(app: &App, sessions: &mut [Session], calls: Vec<(usize, Result<ClientMessage, ProtocolError>)>) -> String {
+    let mut by_env: Vec<Option<(usize, Result<ClientMessage, ProtocolError>)>> = (0..sessions.len()).map(|_| None).collect();
+    let count = calls.len();
+    for (pos, (env, message)) in calls.into_iter().enumerate() {
+        by_env[env] = Some((pos, message));
+    }
+    let futures = sessions.iter_mut().zip(by_env).filter_map(|(session, call)| {
+        let (pos, message) = call?;
+        Some(async move {
+            let result = match message {
+                Err(e) => Err(e),
+                Ok(ClientMessage::Reset(args)) => {
+                    session.reset(&app.envs, args).await.map(|s| protocol::observation(&s, &app.spec.metrics, true))
+                }
+                Ok(ClientMessage::Step(action)) => {
+                    session.step(&app.envs, action).await.map(|s| protocol::observation(&s, &app.spec.metrics, false))
+                }
+                _ => unreachable!("parse_batch gives only resets and steps"),
+            };
+            (pos, result)
+        })
+    });
+    let mut answers = futures_util::future::join_all(futures).await;
+    answers.sort_by_key(|a| a.0);
+    debug_assert_eq!(answers.len(), count);
+    let items: Vec<Value> = answers
+        .into_iter()
+        .map(|(_, r)| match r {
+            Ok(data) => data,
+            Err(e) => json!({"error": {"message": e.message, "code": e.code}}),
+        })
+        .collect();
+    json!({"type": "observations", "data": items}).to_string()
 }
 
 /// One message's reply frame.

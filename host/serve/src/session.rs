@@ -33,6 +33,16 @@ impl Slots {
         Some(Slot { id, slots: self.clone() })
     }
 
+    /// `n` free slots, or `None` (taking none) when fewer are free.
+    pub fn take_many(self: &Arc<Self>, n: usize) -> Option<Vec<Slot>> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < n {
+            return None;
+        }
+        let at = free.len() - n;
+        Some(free.drain(at..).rev().map(|id| Slot { id, slots: self.clone() }).collect())
+    }
+
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 fn runner(name: &str, groups: usize, group_size: usize) -> RolloutRunner {
     let config = RolloutConfig { env_groups: groups, group_size, ..RolloutConfig::default() };
-    RolloutRunner::new(shipped(name), &[], config, PromptTemplates::default(), 2).unwrap()
+    RolloutRunner::new(ragen_runtime::LocalPlugin::provider(shipped(name)), &[], config, PromptTemplates::default(), 2).unwrap()
 }
 
 #[test]
@@ -237,7 +237,8 @@ fn lost_episodes_are_told_apart_as_stuck_oscillating_or_other() {
         max_actions_per_traj: Some(10),
         ..RolloutConfig::default()
     };
-    let r = RolloutRunner::new(shipped("sokoban"), &[], config, PromptTemplates::default(), 2).unwrap();
+    let r =
+        RolloutRunner::new(ragen_runtime::LocalPlugin::provider(shipped("sokoban")), &[], config, PromptTemplates::default(), 2).unwrap();
     let seeds: Vec<u64> = (0..32).collect();
     let lost = |ts: &[ragen_agent::Trajectory]| ts.iter().filter(|t| !t.success && t.failure.is_none()).count();
 

@@ -114,7 +114,7 @@ proptest! {
     #[test]
     fn a_configurable_misbehaving_plugin_never_panics_the_agent_loop(settings in settings(), seed in any::<u64>()) {
         let config = RolloutConfig { env_groups: 2, group_size: 2, ..RolloutConfig::default() };
-        let runner = match RolloutRunner::new(configurable(), &settings, config, PromptTemplates::default(), 1) {
+        let runner = match RolloutRunner::new(ragen_runtime::LocalPlugin::provider(configurable()), &settings, config, PromptTemplates::default(), 1) {
             Ok(runner) => runner,
             Err(e) => {
                 let message = format!("{e:#}");

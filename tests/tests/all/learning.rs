@@ -31,7 +31,9 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
         format_answer: String::new(),
     };
     let config = RolloutConfig { env_groups: 4, group_size: 8, enable_think: false, ..RolloutConfig::default() };
-    let runner = RolloutRunner::new(crate::common::shipped("bandit"), &settings, config, templates, 2).unwrap();
+    let runner =
+        RolloutRunner::new(ragen_runtime::LocalPlugin::provider(crate::common::shipped("bandit")), &settings, config, templates, 2)
+            .unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
     let model = scratch_model::<B>(
@@ -65,7 +67,8 @@ fn a_tiny_transformer_learns_to_pick_the_better_arm() {
 fn the_kl_term_starts_at_zero_and_grows_as_the_policy_moves() {
     let templates = short_templates();
     let config = RolloutConfig { env_groups: 4, group_size: 8, enable_think: false, ..RolloutConfig::default() };
-    let runner = RolloutRunner::new(crate::common::shipped("bandit"), &[], config, templates, 2).unwrap();
+    let runner =
+        RolloutRunner::new(ragen_runtime::LocalPlugin::provider(crate::common::shipped("bandit")), &[], config, templates, 2).unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
     let model = scratch_model::<B>(
@@ -105,7 +108,9 @@ fn frozenlake_batch(update: UpdateConfig) -> (Vec<Trajectory>, PluginTokenizer, 
     let config =
         RolloutConfig { env_groups: 4, group_size: 4, enable_think: false, max_actions_per_turn: Some(1), ..RolloutConfig::default() };
     let settings = vec![("is_slippery".to_string(), "false".to_string())];
-    let runner = RolloutRunner::new(crate::common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
+    let runner =
+        RolloutRunner::new(ragen_runtime::LocalPlugin::provider(crate::common::shipped("frozenlake")), &settings, config, templates, 2)
+            .unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
     let model = scratch_model::<B>(
@@ -190,7 +195,9 @@ fn with_a_context_window_the_learner_reads_exactly_what_each_reply_was_sampled_f
         ..RolloutConfig::default()
     };
     let settings = vec![("is_slippery".to_string(), "false".to_string())];
-    let runner = RolloutRunner::new(crate::common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
+    let runner =
+        RolloutRunner::new(ragen_runtime::LocalPlugin::provider(crate::common::shipped("frozenlake")), &settings, config, templates, 2)
+            .unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let device = Default::default();
     let model = scratch_model::<B>(
@@ -390,7 +397,9 @@ fn a_tiny_transformer_imitates_the_oracle_and_then_plays_like_it() {
     };
     let settings: Vec<(String, String)> =
         [("is_slippery", "false"), ("map", "SFFF/FHFH/FFFH/HFFG")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let runner = RolloutRunner::new(crate::common::shipped("frozenlake"), &settings, config, templates, 2).unwrap();
+    let runner =
+        RolloutRunner::new(ragen_runtime::LocalPlugin::provider(crate::common::shipped("frozenlake")), &settings, config, templates, 2)
+            .unwrap();
     let tok = PluginTokenizer::new(runner.spec());
     let demos: Vec<Trajectory> = runner.run(&mut ragen_agent::policies::OraclePolicy, &[0, 1, 2, 3]).unwrap();
     assert!(demos.iter().all(|t| t.success), "the oracle solves the fixed lake");

@@ -67,7 +67,14 @@ fn parameters<M: Module<Flex>>(module: &M) -> BTreeMap<ParamId, Vec<f32>> {
 }
 
 fn runner(config: &TrainConfig, settings: &[(String, String)]) -> RolloutRunner {
-    RolloutRunner::new(crate::common::shipped("bandit"), settings, config.agent.rollout.clone(), config.agent.prompt.clone(), 2).unwrap()
+    RolloutRunner::new(
+        ragen_runtime::LocalPlugin::provider(crate::common::shipped("bandit")),
+        settings,
+        config.agent.rollout.clone(),
+        config.agent.prompt.clone(),
+        2,
+    )
+    .unwrap()
 }
 
 #[test]

@@ -9,7 +9,7 @@ use crate::shipped::Twin;
 use anyhow::{Context, Result, bail};
 use ragen_agent::policies::{ORACLE_MISSING, OraclePolicy, RandomPolicy};
 use ragen_agent::{AgentConfig, LoopLimits, LossBins, Policy, RolloutConfig, RolloutRunner, Trajectory, summarize, write_jsonl};
-use ragen_runtime::Plugin;
+use ragen_runtime::EnvProvider;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -23,8 +23,10 @@ use std::sync::Arc;
 /// better arm).
 #[derive(clap::Args)]
 pub struct EvalCommand {
-    /// The environment plugin: a .wasm file or
-    /// oci://registry/namespace/name:tag (or @sha256:…). With
+    /// The environment: a plugin's .wasm file,
+    /// oci://registry/namespace/name:tag (or @sha256:…), or an OpenEnv
+    /// server's ws://host:port (several joined by commas share the
+    /// episodes; docs/remote.md). With
     /// --checkpoint it defaults to the plugin the run trained on (pinned
     /// by its digest when it came from a registry).
     #[arg(long, required_unless_present = "checkpoint")]
@@ -101,7 +103,7 @@ impl EvalCommand {
         let env = match (self.env, &run) {
             (Some(env), _) => env,
             (None, Some(run)) => PluginSource::of_run(&run.plugin)?,
-            (None, None) => bail!("name the plugin with --env (a .wasm file or oci://…)"),
+            (None, None) => bail!("name the env with --env (a .wasm file, oci://… or a server's ws://host:port)"),
         };
         if self.no_think {
             config.rollout.enable_think = false;
@@ -117,7 +119,7 @@ impl EvalCommand {
             None => None,
         };
         let opts = Options {
-            env: env.local(access)?,
+            env: env.provider(access, config.sandbox.limits()?)?,
             policy: self.policy,
             checkpoint: self.checkpoint,
             temperature,
@@ -136,7 +138,8 @@ impl EvalCommand {
 }
 
 pub struct Options {
-    pub env: PathBuf,
+    /// Where the envs run: a plugin here, or a server.
+    pub env: Arc<dyn EnvProvider>,
     pub policy: String,
     pub checkpoint: Option<PathBuf>,
     /// The trained policy's sampling temperature (`None`: its run's
@@ -213,7 +216,7 @@ pub struct FailedEpisode {
 
 /// The policy the options name: a pretrained model, a trained checkpoint
 /// (with which checkpoint it read), or a scripted policy.
-fn make_policy(opts: &Options, plugin: &Plugin, runner: &RolloutRunner) -> Result<(Box<dyn Policy>, Option<String>)> {
+fn make_policy(opts: &Options, plugin: &dyn EnvProvider, runner: &RolloutRunner) -> Result<(Box<dyn Policy>, Option<String>)> {
     if let Some(model) = &opts.model {
         let sampling = model.sampling;
         let seed = opts.seed;
@@ -243,20 +246,23 @@ pub fn eval(opts: Options) -> Result<Report> {
     if opts.episodes == 0 {
         bail!("--episodes must be at least 1");
     }
-    let plugin = Arc::new(Plugin::from_file_with(&opts.env, opts.config.sandbox.limits()?)?);
     let settings = opts.config.env_settings(&opts.settings);
-    let twin = {
-        let mut inst = plugin.instantiate()?;
-        let info = inst.info()?;
-        match inst.create(&settings)? {
-            Ok(env) => Twin::find(&info.name, &mut inst, env, &settings)?,
-            Err(_) => None, // the runner below names the rejected settings
+    // A plugin run here may have a native twin that bounds the best play.
+    let twin = match opts.env.plugin() {
+        Some(plugin) => {
+            let mut inst = plugin.instantiate()?;
+            let info = inst.info()?;
+            match inst.create(&settings)? {
+                Ok(env) => Twin::find(&info.name, &mut inst, env, &settings)?,
+                Err(_) => None, // the runner below names the rejected settings
+            }
         }
+        None => None,
     };
     // Evaluation: one sample per seed.
     let rollout = RolloutConfig { env_groups: opts.episodes, group_size: 1, ..opts.config.rollout.clone() };
-    let runner = RolloutRunner::new(plugin.clone(), &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
-    let (mut policy, checkpoint) = make_policy(&opts, &plugin, &runner)?;
+    let runner = RolloutRunner::new(opts.env.clone(), &settings, rollout, opts.config.prompt.clone(), opts.threads)?;
+    let (mut policy, checkpoint) = make_policy(&opts, opts.env.as_ref(), &runner)?;
     let seeds: Vec<u64> = (0..opts.episodes as u64).map(|i| opts.seed_start + i).collect();
     let ts = runner.run(policy.as_mut(), &seeds)?;
     if let Some(path) = &opts.trajectories {

@@ -16,8 +16,9 @@ use std::process::ExitCode;
 /// built against, its size, and the imports it declares (none grants anything).
 #[derive(clap::Args)]
 pub struct InspectCommand {
-    /// The plugin: a .wasm file (e.g. target/plugins/sokoban.wasm) or
-    /// oci://registry/namespace/name:tag (or @sha256:…).
+    /// The plugin: a .wasm file (e.g. target/plugins/sokoban.wasm),
+    /// oci://registry/namespace/name:tag (or @sha256:…), or an OpenEnv
+    /// server's ws://host:port.
     file: PluginSource,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -28,7 +29,12 @@ pub struct InspectCommand {
 
 impl InspectCommand {
     pub fn execute(self, access: &crate::oci::Access) -> Result<ExitCode> {
-        print_report(&inspect(&self.file.local(access)?, &self.settings.parse()?)?, self.json, Report::to_text)?;
+        let settings = self.settings.parse()?;
+        let report = match &self.file {
+            PluginSource::Remote(address) => inspect_remote(address, &settings)?,
+            file => inspect(&file.local(access)?, &settings)?,
+        };
+        print_report(&report, self.json, Report::to_text)?;
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -132,30 +138,58 @@ pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
         version: info.version,
         description: info.description,
         multi_turn: info.multi_turn,
-        config_keys: info
-            .config_keys
-            .into_iter()
-            .map(|k| ConfigKey { name: k.name, default: k.default_value, description: k.description })
-            .collect(),
-        env: EnvSpec {
-            actions: spec.action_names().to_vec(),
-            text_action: match &spec.action_space {
-                ActionSpace::Text(t) => Some(TextAction { max_bytes: t.max_bytes, form: t.form.clone() }),
-                ActionSpace::Names(_) => None,
-            },
-            settings: settings.to_vec(),
-            instructions: spec.instructions,
-            legend: spec.legend.into_iter().map(|l| Legend { symbol: l.symbol, meaning: l.meaning }).collect(),
-            limits: Limits {
-                max_actions_per_episode: spec.limits.max_actions_per_episode,
-                max_actions_per_turn: spec.limits.max_actions_per_turn,
-                max_turns: spec.limits.max_turns,
-                max_steps: spec.limits.max_steps,
-            },
-            metrics: spec.metrics,
-        },
+        config_keys: config_keys(info.config_keys),
+        env: env_report(spec, settings),
         imports: plugin.imports().to_vec(),
     })
+}
+
+/// What a server says it serves, in the same report (no file, no imports:
+/// the env runs on the server).
+pub fn inspect_remote(address: &ragen_remote::RemoteAddress, settings: &[(String, String)]) -> Result<Report> {
+    let clock = std::time::Instant::now();
+    let remote = ragen_remote::Remote::connect(address)?;
+    let (info, spec) = remote.describe(settings)?;
+    Ok(Report {
+        file: address.to_string(),
+        size_bytes: 0,
+        load_seconds: clock.elapsed().as_secs_f64(),
+        compiled: "on the server",
+        contract: "OpenEnv over WebSocket".into(),
+        batched: false,
+        oracle: false,
+        name: info.name,
+        version: info.version,
+        description: info.description,
+        multi_turn: info.multi_turn,
+        config_keys: config_keys(info.config_keys),
+        env: env_report(spec, settings),
+        imports: Vec::new(),
+    })
+}
+
+fn config_keys(keys: Vec<ragen_runtime::ConfigKey>) -> Vec<ConfigKey> {
+    keys.into_iter().map(|k| ConfigKey { name: k.name, default: k.default_value, description: k.description }).collect()
+}
+
+fn env_report(spec: ragen_runtime::EnvSpec, settings: &[(String, String)]) -> EnvSpec {
+    EnvSpec {
+        actions: spec.action_names().to_vec(),
+        text_action: match &spec.action_space {
+            ActionSpace::Text(t) => Some(TextAction { max_bytes: t.max_bytes, form: t.form.clone() }),
+            ActionSpace::Names(_) => None,
+        },
+        settings: settings.to_vec(),
+        instructions: spec.instructions,
+        legend: spec.legend.into_iter().map(|l| Legend { symbol: l.symbol, meaning: l.meaning }).collect(),
+        limits: Limits {
+            max_actions_per_episode: spec.limits.max_actions_per_episode,
+            max_actions_per_turn: spec.limits.max_actions_per_turn,
+            max_turns: spec.limits.max_turns,
+            max_steps: spec.limits.max_steps,
+        },
+        metrics: spec.metrics,
+    }
 }
 
 impl Report {

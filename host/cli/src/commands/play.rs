@@ -5,9 +5,8 @@
 use crate::args::Settings;
 use crate::oci::PluginSource;
 use anyhow::{Context, Result, anyhow};
-use ragen_runtime::{Action, ActionSpace, EnvHandle, EnvSpec, Plugin, PluginInstance};
+use ragen_runtime::{Action, ActionSpace, EnvProvider, EnvSpec, Envs, PoolConfig};
 use std::io::{BufRead, Write};
-use std::path::Path;
 use std::process::ExitCode;
 
 /// Play a plugin yourself: type action names (case-insensitive; several
@@ -15,7 +14,8 @@ use std::process::ExitCode;
 /// after each. `reset [N]` starts over, `quit` leaves.
 #[derive(clap::Args)]
 pub struct PlayCommand {
-    /// The plugin: a .wasm file or oci://registry/namespace/name:tag.
+    /// The plugin: a .wasm file, oci://registry/namespace/name:tag, or an
+    /// OpenEnv server's ws://host:port.
     file: PluginSource,
     /// Seed of the first episode.
     #[arg(long, default_value_t = 0)]
@@ -30,7 +30,8 @@ impl PlayCommand {
     pub fn execute(self, access: &crate::oci::Access) -> Result<ExitCode> {
         let stdin = std::io::stdin();
         let mut out = crate::term::Escaping(crate::output::Stdout);
-        play(&self.file.local(access)?, self.seed, &self.settings.parse()?, &mut stdin.lock(), &mut out)?;
+        let env = self.file.provider(access, ragen_runtime::SandboxLimits::default())?;
+        play(env.as_ref(), self.seed, &self.settings.parse()?, &mut stdin.lock(), &mut out)?;
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -50,19 +51,23 @@ fn help(spec: &EnvSpec) -> String {
     }
 }
 
-pub fn play(file: &Path, seed: u64, settings: &[(String, String)], input: &mut dyn BufRead, out: &mut dyn Write) -> Result<()> {
-    let plugin = Plugin::from_file(file)?;
-    let mut inst = plugin.instantiate()?;
-    let info = inst.info()?;
-    let env = inst.create(settings)?.map_err(|e| anyhow!("the plugin rejected the settings: {}", e.message))?;
-    let spec = inst.spec(env)?;
+pub fn play(
+    source: &dyn EnvProvider,
+    seed: u64,
+    settings: &[(String, String)],
+    input: &mut dyn BufRead,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let (info, spec) = source.describe(settings)?;
+    let config = PoolConfig { threads: 1, settings: settings.to_vec(), autoreset: false, ..PoolConfig::new(1) };
+    let envs = source.open(&config)?;
     writeln!(out, "{} {}: {}\n\n{}\n", info.name, info.version, info.description, spec.instructions)?;
     if !spec.legend.is_empty() {
         let legend: Vec<String> = spec.legend.iter().map(|l| format!("{} {}", l.symbol, l.meaning)).collect();
         writeln!(out, "Symbols: {}", legend.join(", "))?;
     }
     writeln!(out, "{}", help(&spec))?;
-    let mut game = Game { inst, env, spec, seed, total: 0.0 };
+    let mut game = Game { envs, spec, seed, total: 0.0, over: false };
     game.start(out)?;
     let mut line = String::new();
     loop {
@@ -81,20 +86,24 @@ pub fn play(file: &Path, seed: u64, settings: &[(String, String)], input: &mut d
 
 /// One person's game: the env, its rules, and the episode under way.
 struct Game {
-    inst: PluginInstance,
-    env: EnvHandle,
+    /// One env: a plugin's, here, or a server's.
+    envs: Box<dyn Envs>,
     spec: EnvSpec,
     seed: u64,
     /// The episode's return so far.
     total: f64,
+    /// The episode has ended (done, or an env error).
+    over: bool,
 }
 
 impl Game {
     /// Start an episode from `self.seed`.
     fn start(&mut self, out: &mut dyn Write) -> Result<()> {
         let seed = self.seed;
-        let obs = self.inst.reset(self.env, seed)?.map_err(|e| anyhow!("reset(seed {seed}) failed: {}", e.message))?;
+        let first = self.envs.reset(&[0], &[seed])?.pop().context("no answer to reset")?;
+        let obs = first.map_err(|e| anyhow!("reset(seed {seed}) failed: {}", e.message))?;
         self.total = 0.0;
+        self.over = false;
         writeln!(out, "\nEpisode with seed {seed}:\n{obs}")?;
         Ok(())
     }
@@ -129,6 +138,10 @@ impl Game {
     /// Play `a || b || …`: unknown names are skipped with a note; the turn
     /// stops at an env error or the episode's end.
     fn act(&mut self, command: &str, out: &mut dyn Write) -> Result<()> {
+        if self.over {
+            writeln!(out, "The episode is over: type `reset` for a new one, or `quit`.")?;
+            return Ok(());
+        }
         let spec = &self.spec;
         let mut actions = Vec::new();
         match &spec.action_space {
@@ -145,9 +158,10 @@ impl Game {
             }
         }
         for (action, name) in actions {
-            let r = match self.inst.step(self.env, action)? {
+            let r = match self.envs.step(&[0], &[action])?.pop().context("no answer to step")? {
                 Err(e) => {
-                    writeln!(out, "{}", e.message)?;
+                    self.over = true;
+                    writeln!(out, "{}\nThe episode is over. Type `reset` for a new episode or `quit`.", e.message)?;
                     break;
                 }
                 Ok(r) => r,
@@ -161,6 +175,7 @@ impl Game {
                 name, r.reward, r.done, r.info.success, r.info.action_is_valid, r.info.action_is_effective, r.observation
             )?;
             if r.done {
+                self.over = true;
                 let how = if r.info.success { "solved" } else { "not solved" };
                 writeln!(out, "Episode over ({how}), return {total:.2}. Type `reset` for a new episode or `quit`.")?;
                 break;

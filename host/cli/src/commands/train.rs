@@ -8,7 +8,7 @@ use crate::output::errln;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use ragen_learner::{Algo, PluginRecord, StepMetrics, TrainConfig, read_metrics, train};
-use ragen_runtime::Plugin;
+use ragen_runtime::{EnvProvider, LocalPlugin, Plugin};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -30,10 +30,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// --out runs/smollm2-bandit`.
 #[derive(clap::Args)]
 pub struct TrainCommand {
-    /// The environment plugin: a .wasm file or
-    /// oci://registry/namespace/name:tag (or @sha256:…); the run's
-    /// config.toml records the digest. With --resume it defaults to the
-    /// run's own plugin, pinned by that digest.
+    /// The environment: a plugin's .wasm file,
+    /// oci://registry/namespace/name:tag (or @sha256:…; the run's
+    /// config.toml records the digest), or an OpenEnv server's
+    /// ws://host:port (several joined by commas share the episodes; the
+    /// run records what they serve; docs/remote.md). With --resume it
+    /// defaults to the run's own, a registry's plugin pinned by its digest.
     #[arg(long, required_unless_present = "resume")]
     env: Option<PluginSource>,
     /// A TOML file: algo, seed, steps, test_freq, save_freq, val_episodes,
@@ -104,8 +106,7 @@ pub fn run(opts: Options) -> Result<()> {
         return Err(opts.backend.missing());
     }
     let (mut config, out, resume) = resolve(&opts)?;
-    let (source, wasm) = plugin_for_run(&opts, &mut config, resume)?;
-    let plugin = Arc::new(Plugin::from_bytes(&wasm, &source.to_string(), config.agent.sandbox.limits()?)?);
+    let (source, plugin) = env_for_run(&opts, &mut config, resume)?;
     let stop = stop_on_ctrl_c()?;
     let policy = match &config.model_path {
         Some(m) if config.lora.is_on() => format!("`{}` with LoRA rank {}", m.display(), config.lora.rank),
@@ -171,17 +172,28 @@ fn resolve(opts: &Options) -> Result<(TrainConfig, PathBuf, bool)> {
     Ok((config, out, resume))
 }
 
-/// The plugin to train on, and its bytes (read once: hashed here, loaded
-/// by the caller), recorded in the config's `[plugin]`. A resumed run
+/// The envs to train on, recorded in the config's `[plugin]`: a plugin
+/// (its bytes read once, hashed and loaded) or a server. A resumed run
 /// takes its own plugin: pinned by its digest when it came from a registry
 /// (saying so when the tag has moved since), else its file (warning when
-/// the file's bytes changed).
-fn plugin_for_run(opts: &Options, config: &mut TrainConfig, resume: bool) -> Result<(PluginSource, Vec<u8>)> {
+/// the file's bytes changed), or its server (warning when it serves
+/// another env now).
+fn env_for_run(opts: &Options, config: &mut TrainConfig, resume: bool) -> Result<(PluginSource, Arc<dyn EnvProvider>)> {
     let recorded = config.plugin.clone();
     let source = match &opts.env {
         Some(s) => s.clone(),
         None => PluginSource::recorded(&recorded)?,
     };
+    if let PluginSource::Remote(address) = &source {
+        let remote = ragen_remote::Remote::connect(address)?;
+        let (info, _) = remote.describe(&[])?;
+        let served = format!("{} {}", info.name, info.version);
+        if resume && let Some(was) = recorded.served.as_ref().filter(|w| **w != served) {
+            errln!("warning: `{source}` serves {served} now, not {was} as when this run started");
+        }
+        config.plugin = PluginRecord { source: Some(source.to_string()), served: Some(served), ..PluginRecord::default() };
+        return Ok((source, remote));
+    }
     let fetch = match (&source, &recorded.digest) {
         (PluginSource::Oci(r), Some(run_digest)) if resume => pinned_for_resume(r, run_digest, &opts.access)?,
         _ => source.clone(),
@@ -200,8 +212,10 @@ fn plugin_for_run(opts: &Options, config: &mut TrainConfig, resume: bool) -> Res
         digest: fetched.pulled.as_ref().map(|p| p.manifest_digest.to_string()),
         wasm_digest: Some(wasm_digest),
         signed_by: fetched.pulled.as_ref().and_then(|p| p.signed_by.as_ref()).map(|s| s.key.clone()),
+        served: None,
     };
-    Ok((source, bytes))
+    let plugin = Plugin::from_bytes(&bytes, &source.to_string(), config.agent.sandbox.limits()?)?;
+    Ok((source, LocalPlugin::provider(plugin)))
 }
 
 /// The plugin a resumed run trained on (`run_digest`), given the reference

@@ -13,6 +13,7 @@ mod oci;
 mod play;
 mod polyglot;
 mod pretrained;
+mod remote;
 mod serve;
 mod spec_fuzz;
 mod train;

@@ -31,7 +31,7 @@ fn the_bandit_is_one_pull() {
     let (ok, screen) = play(&[plugin("bandit").to_str().unwrap()], "phoenix\nphoenix\n");
     assert!(ok, "{screen}");
     assert!(screen.contains("Phoenix: reward 0.1"), "{screen}");
-    assert!(screen.contains("step called after the episode ended"), "a second pull is refused:\n{screen}");
+    assert!(screen.contains("The episode is over: type `reset` for a new one"), "a second pull is refused:\n{screen}");
 }
 
 #[test]

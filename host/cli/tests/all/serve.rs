@@ -12,17 +12,22 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A server process on a free port; its log goes to `log`.
-struct Served {
-    child: Child,
-    addr: SocketAddr,
+pub(crate) struct Served {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
     log: PathBuf,
 }
 
 impl Served {
-    fn start(name: &str, plugin: &Path, args: &[&str]) -> Self {
+    pub(crate) fn start(name: &str, plugin: &Path, args: &[&str]) -> Self {
+        Self::start_on(name, plugin, 0, args)
+    }
+
+    /// On `port` (0: any free one).
+    pub(crate) fn start_on(name: &str, plugin: &Path, port: u16, args: &[&str]) -> Self {
         let log = scratch("serve").join(format!("{name}.log"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_ragen-host"))
-            .args(["serve", plugin.to_str().unwrap(), "--port", "0"])
+            .args(["serve", plugin.to_str().unwrap(), "--port", &port.to_string()])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -60,8 +65,16 @@ impl Served {
     }
 }
 
+/// A test that fails midway leaves no server behind.
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The virtualenv with openenv-core's client (`make openenv-client`).
-fn openenv_python() -> PathBuf {
+pub(crate) fn openenv_python() -> PathBuf {
     crate::common::venv_python("openenv", "openenv-client")
 }
 
