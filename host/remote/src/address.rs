@@ -48,6 +48,15 @@ impl Endpoint {
         Ok((Self { ws, http }, query))
     }
 
+    /// The batched session route of ragen-host's server, for `envs` envs.
+    pub fn batch(&self, envs: usize) -> Url {
+        let mut url = self.ws.clone();
+        let base = url.path().trim_end_matches("/ws").to_string();
+        url.set_path(&format!("{base}/ragen/batch"));
+        url.set_query(Some(&format!("envs={envs}")));
+        url
+    }
+
     /// The HTTP route `route` (e.g. `schema`) of this server.
     pub fn route(&self, route: &str) -> Url {
         self.http.join(route).expect("a relative route joins any base URL")
@@ -181,6 +190,7 @@ mod tests {
         assert_eq!(e.route("schema").as_str(), "https://envs.example.com/team/sokoban/schema");
         assert_eq!(a.options.timeout, Duration::from_millis(2500));
         assert_eq!(a.options.max_turns, Some(3));
+        assert_eq!(e.batch(8).as_str(), "wss://envs.example.com/team/sokoban/ragen/batch?envs=8");
         let plain: RemoteAddress = "ws://localhost:9/".parse().unwrap();
         assert_eq!(plain.endpoints[0].route("ragen/spec").as_str(), "http://localhost:9/ragen/spec");
     }

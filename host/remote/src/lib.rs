@@ -119,24 +119,7 @@ impl EnvProvider for Remote {
         if config.num_envs == 0 {
             bail!("a pool needs at least one env");
         }
-        let names = match &self.spec.action_space {
-            ActionSpace::Names(names) => names.clone(),
-            ActionSpace::Text(_) => Vec::new(),
-        };
-        let field = match &self.dialect {
-            Dialect::Ragen => "action".to_string(),
-            Dialect::OpenEnv { field } => field.clone(),
-        };
-        Ok(Box::new(RemoteEnvs {
-            runtime: runtime()?,
-            address: self.address.clone(),
-            dialect: self.dialect.clone(),
-            metrics: self.spec.metrics.clone(),
-            names,
-            field,
-            token: token(),
-            envs: Mutex::new((0..config.num_envs).map(|_| RemoteEnv { session: Session::new(), seed: None }).collect()),
-        }))
+        Ok(Box::new(RemoteEnvs::new(self, config.num_envs, config.batched)?))
     }
 }
 
@@ -194,14 +177,43 @@ async fn get_json(
     Ok(Some(value))
 }
 
-/// One remote env: its session and the seed of its episode.
-struct RemoteEnv {
+/// How one server's envs travel.
+enum Channel {
+    /// One session per env, as any OpenEnv server takes them (`/ws`).
+    PerEnv(Vec<Session>),
+    /// A few sessions sharing them, one frame per session per call
+    /// (ragen-host's `/ragen/batch`): member `m` is env `m / k` of lane
+    /// `m % k`. Two lanes let the server read one frame while it steps
+    /// the other's envs.
+    Batched(Vec<Lane>),
+}
+
+/// One batched session and its route (`/ragen/batch?envs=N`).
+struct Lane {
     session: Session,
-    seed: Option<u64>,
+    url: url::Url,
+}
+
+/// Batched sessions per server (see [`Channel::Batched`]).
+const LANES: usize = 2;
+
+/// One server's share of the envs: env `i` of the batch is member
+/// `i / n` of server `i % n`.
+struct Server {
+    endpoint: usize,
+    channel: Channel,
+}
+
+/// The mutable part of a batch: each server's sessions, and each env's
+/// episode seed.
+struct State {
+    servers: Vec<Server>,
+    seeds: Vec<Option<u64>>,
 }
 
 /// A batch of remote envs (see the crate docs). Each call sends every
-/// env's frame at once and waits for every answer, each under its deadline.
+/// env's frame at once (one frame per server with ragen-host's server) and
+/// waits for every answer, each under its deadline.
 pub struct RemoteEnvs {
     runtime: Runtime,
     address: RemoteAddress,
@@ -212,47 +224,110 @@ pub struct RemoteEnvs {
     /// The action model's one field.
     field: String,
     token: Option<String>,
-    envs: Mutex<Vec<RemoteEnv>>,
+    num_envs: usize,
+    state: Mutex<State>,
 }
 
-/// One call of a batch: the env, its frame, and whether a closed session
-/// may be opened for it (resets only).
+/// One env's call: its frame's `data` item (a seed or an action).
 struct Call {
     env: usize,
-    frame: Value,
-    seed: Option<u64>,
+    item: Value,
 }
 
 impl RemoteEnvs {
-    /// Run `calls` at once; each env's answer `data` (or why not), in order.
-    fn batch(&self, calls: Vec<Call>, reset: bool) -> Result<Vec<Result<Value, EnvFailure>>> {
-        let mut envs = self.envs.lock().unwrap_or_else(|e| e.into_inner());
-        let mut by_env: Vec<Option<(usize, Value)>> = (0..envs.len()).map(|_| None).collect();
+    fn new(remote: &Remote, num_envs: usize, batched: bool) -> Result<Self> {
+        let n = remote.address.endpoints.len();
+        let servers = (0..n.min(num_envs))
+            .map(|endpoint| {
+                let members = (endpoint..num_envs).step_by(n).count();
+                let channel = match (batched, &remote.dialect) {
+                    (true, Dialect::Ragen) => {
+                        let k = LANES.min(members);
+                        let lane = |l: usize| Lane {
+                            session: Session::new(),
+                            url: remote.address.endpoints[endpoint].batch((l..members).step_by(k).count()),
+                        };
+                        Channel::Batched((0..k).map(lane).collect())
+                    }
+                    _ => Channel::PerEnv((0..members).map(|_| Session::new()).collect()),
+                };
+                Server { endpoint, channel }
+            })
+            .collect();
+        let (names, field) = match (&remote.spec.action_space, &remote.dialect) {
+            (ActionSpace::Names(names), _) => (names.clone(), "action".to_string()),
+            (ActionSpace::Text(_), _) => (Vec::new(), "action".to_string()),
+        };
+        let field = match &remote.dialect {
+            Dialect::Ragen => field,
+            Dialect::OpenEnv { field } => field.clone(),
+        };
+        Ok(Self {
+            runtime: runtime()?,
+            address: remote.address.clone(),
+            dialect: remote.dialect.clone(),
+            metrics: remote.spec.metrics.clone(),
+            names,
+            field,
+            token: token(),
+            num_envs,
+            state: Mutex::new(State { servers, seeds: vec![None; num_envs] }),
+        })
+    }
+
+    /// Run `calls` of `kind` (`reset` or `step`) at once; each env's answer
+    /// `data` (or why not), in the order given.
+    fn batch(&self, kind: &str, calls: Vec<Call>) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let n = self.address.endpoints.len();
+        let mut per_server: Vec<Vec<(usize, usize, Value)>> = (0..state.servers.len()).map(|_| Vec::new()).collect();
+        let mut seen = vec![false; self.num_envs];
         for (pos, call) in calls.into_iter().enumerate() {
-            let slot =
-                by_env.get_mut(call.env).with_context(|| format!("env id {} is out of range; there are {} envs", call.env, envs.len()))?;
-            if slot.is_some() {
+            if call.env >= self.num_envs {
+                bail!("env id {} is out of range; there are {} envs", call.env, self.num_envs);
+            }
+            if std::mem::replace(&mut seen[call.env], true) {
                 bail!("env {} is named twice in one call", call.env);
             }
-            if reset {
-                envs[call.env].seed = call.seed;
+            if kind == "reset" {
+                state.seeds[call.env] = call.item.as_u64();
             }
-            *slot = Some((pos, call.frame));
+            per_server[call.env % n].push((pos, call.env / n, call.item));
         }
-        let n = self.address.endpoints.len();
-        let expected = "observation";
-        let token = self.token.as_deref();
-        let futures = envs.iter_mut().zip(by_env).enumerate().filter_map(|(id, (env, call))| {
-            let (pos, frame) = call?;
-            let link = Link { endpoint: &self.address.endpoints[id % n], options: &self.address.options, token };
-            Some(async move {
-                let answer = env.session.call(&link, frame, expected, reset).await;
-                (pos, id, env.seed, answer)
-            })
+        let reset = kind == "reset";
+        let State { servers, seeds } = &mut *state;
+        let how = How {
+            kind,
+            reset,
+            options: &self.address.options,
+            token: self.token.as_deref(),
+            dialect: &self.dialect,
+            metrics: &self.metrics,
+        };
+        let futures = servers.iter_mut().zip(per_server).filter(|(_, calls)| !calls.is_empty()).map(|(server, calls)| {
+            let endpoint = &self.address.endpoints[server.endpoint];
+            let how = &how;
+            async move {
+                let answers = match &mut server.channel {
+                    Channel::PerEnv(sessions) => per_env(sessions, endpoint, calls, how).await,
+                    Channel::Batched(lanes) => batched(lanes, calls, how).await,
+                };
+                answers.into_iter().map(|(pos, member, answer)| (pos, member * n + server.endpoint, answer)).collect::<Vec<_>>()
+            }
         });
-        let mut answers = self.runtime.block_on(futures_util::future::join_all(futures));
+        let mut answers: Vec<_> = self.runtime.block_on(futures_util::future::join_all(futures)).into_iter().flatten().collect();
         answers.sort_by_key(|a| a.0);
-        Ok(answers.into_iter().map(|(_, id, seed, answer)| answer.map_err(|e| self.failure(id, seed, e))).collect())
+        let max = ReportLimits::default().max_abs_reward;
+        Ok(answers
+            .into_iter()
+            .map(|(_, env, answer)| {
+                let step = answer.and_then(|s| match s.reward.abs() > max {
+                    true => Err(CallError::Invalid(format!("the reward {} is beyond ±{max}", s.reward))),
+                    false => Ok(s),
+                });
+                step.map_err(|e| self.failure(env, seeds[env], e))
+            })
+            .collect())
     }
 
     fn failure(&self, env: usize, seed: Option<u64>, error: CallError) -> EnvFailure {
@@ -268,41 +343,79 @@ impl RemoteEnvs {
         EnvFailure { plugin: endpoint.ws.to_string(), env, seed, kind, message }
     }
 
-    fn step_of(&self, env: usize, seed: Option<u64>, data: Value) -> Result<PoolStep, EnvFailure> {
-        let step = schema::step_of(&data, &self.dialect, &self.metrics).map_err(|m| self.failure(env, seed, CallError::Invalid(m)))?;
-        let max = ReportLimits::default().max_abs_reward;
-        if step.reward.abs() > max {
-            let why = format!("the reward {} is beyond ±{max}", step.reward);
-            return Err(self.failure(env, seed, CallError::Invalid(why)));
-        }
-        Ok(step)
-    }
-
     fn seeds(&self) -> Vec<Option<u64>> {
-        self.envs.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|e| e.seed).collect()
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).seeds.clone()
     }
+}
+
+/// What every call of a batch shares.
+struct How<'a> {
+    kind: &'a str,
+    reset: bool,
+    options: &'a RemoteOptions,
+    token: Option<&'a str>,
+    dialect: &'a Dialect,
+    metrics: &'a [String],
+}
+
+/// A server's envs answer, each `(position in the call, member)`.
+type Answers = Vec<(usize, usize, Result<PoolStep, CallError>)>;
+
+/// One server's share of a call over a session per env: every env's frame
+/// at once.
+async fn per_env(sessions: &mut [Session], endpoint: &Endpoint, calls: Vec<(usize, usize, Value)>, how: &How<'_>) -> Answers {
+    let link = Link { url: &endpoint.ws, options: how.options, token: how.token };
+    let link = &link;
+    let mut by_member: Vec<Option<(usize, Value)>> = (0..sessions.len()).map(|_| None).collect();
+    for (pos, member, item) in calls {
+        by_member[member] = Some((pos, item));
+    }
+    let each = sessions.iter_mut().zip(by_member).enumerate().filter_map(|(member, (session, call))| {
+        let (pos, item) = call?;
+        let data = if how.reset { json!({"seed": item}) } else { item };
+        let frame = json!({"type": how.kind, "data": data});
+        Some(async move {
+            let answer = session.call(link, frame, "observation", how.reset).await;
+            (pos, member, answer.and_then(|data| schema::step_of(&data, how.dialect, how.metrics).map_err(CallError::Invalid)))
+        })
+    });
+    futures_util::future::join_all(each).await
+}
+
+/// One server's share of a call over its batched sessions: one frame per
+/// lane, all lanes at once.
+async fn batched(lanes: &mut [Lane], calls: Vec<(usize, usize, Value)>, how: &How<'_>) -> Answers {
+    let k = lanes.len();
+    let mut per_lane: Vec<Vec<(usize, usize, Value)>> = (0..k).map(|_| Vec::new()).collect();
+    for (pos, member, item) in calls {
+        per_lane[member % k].push((pos, member, item));
+    }
+    let each = lanes.iter_mut().zip(per_lane).filter(|(_, calls)| !calls.is_empty()).map(|(lane, calls)| async move {
+        let link = Link { url: &lane.url, options: how.options, token: how.token };
+        let locals: Vec<usize> = calls.iter().map(|(_, m, _)| m / k).collect();
+        let key = if how.reset { "seeds" } else { "actions" };
+        let (placed, items): (Vec<(usize, usize)>, Vec<Value>) = calls.into_iter().map(|(p, m, item)| ((p, m), item)).unzip();
+        let frame = json!({"type": how.kind, "data": {"envs": locals, key: items}});
+        let count = placed.len();
+        match lane.session.call_with(&link, frame, how.reset, |text| schema::batch_answer(text, count, how.metrics)).await {
+            Ok(each) => placed.into_iter().zip(each).map(|((pos, member), a)| (pos, member, a)).collect::<Vec<_>>(),
+            Err(e) => placed.into_iter().map(|(pos, member)| (pos, member, Err(e.clone()))).collect(),
+        }
+    });
+    futures_util::future::join_all(each).await.into_iter().flatten().collect()
 }
 
 impl Envs for RemoteEnvs {
     fn num_envs(&self) -> usize {
-        self.envs.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.num_envs
     }
 
     fn reset(&self, env_ids: &[usize], seeds: &[u64]) -> Result<Vec<Result<String, EnvFailure>>> {
         if env_ids.len() != seeds.len() {
             bail!("reset: {} env ids but {} seeds", env_ids.len(), seeds.len());
         }
-        let calls = env_ids
-            .iter()
-            .zip(seeds)
-            .map(|(&env, &seed)| Call { env, frame: json!({"type": "reset", "data": {"seed": seed}}), seed: Some(seed) })
-            .collect();
-        let answers = self.batch(calls, true)?;
-        Ok(answers
-            .into_iter()
-            .zip(env_ids.iter().zip(seeds))
-            .map(|(a, (&env, &seed))| a.and_then(|data| self.step_of(env, Some(seed), data)).map(|s| s.observation))
-            .collect())
+        let calls = env_ids.iter().zip(seeds).map(|(&env, &seed)| Call { env, item: json!(seed) }).collect();
+        Ok(self.batch("reset", calls)?.into_iter().map(|a| a.map(|s| s.observation)).collect())
     }
 
     fn step(&self, env_ids: &[usize], actions: &[Action]) -> Result<Vec<Result<PoolStep, EnvFailure>>> {
@@ -321,11 +434,14 @@ impl Envs for RemoteEnvs {
                 }
                 Action::Text(text) => Value::String(text.clone()),
             };
-            calls.push(Call { env, frame: json!({"type": "step", "data": {self.field.as_str(): value}}), seed: None });
+            // Over `/ws` the item is the action model; batched, the action itself.
+            let item = match self.state.lock().unwrap_or_else(|e| e.into_inner()).servers[env % self.address.endpoints.len()].channel {
+                Channel::PerEnv(_) => json!({self.field.as_str(): value}),
+                Channel::Batched(_) => value,
+            };
+            calls.push(Call { env, item });
         }
-        let answers = self.batch(calls, false)?;
-        let seeds = self.seeds();
-        Ok(answers.into_iter().zip(env_ids).map(|(a, &env)| a.and_then(|data| self.step_of(env, seeds[env], data))).collect())
+        self.batch("step", calls)
     }
 
     fn oracle(&self, env_ids: &[usize], _max_actions: &[u32]) -> Result<Vec<Result<Vec<Action>, EnvFailure>>> {
@@ -334,27 +450,30 @@ impl Envs for RemoteEnvs {
             .iter()
             .map(|&env| {
                 let message = "a remote env has no oracle: play it with a policy, or run the plugin locally for --policy oracle".into();
-                Err(EnvFailure {
-                    plugin: self.address.to_string(),
-                    env,
-                    seed: seeds.get(env).copied().flatten(),
-                    kind: FailureKind::Env(ErrorKind::Failed),
-                    message,
-                })
+                let seed = seeds.get(env).copied().flatten();
+                Err(EnvFailure { plugin: self.address.to_string(), env, seed, kind: FailureKind::Env(ErrorKind::Failed), message })
             })
             .collect())
     }
 
     fn stats(&self) -> Result<PoolStats> {
-        let envs = self.envs.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(PoolStats { envs: envs.len(), instances: envs.iter().filter(|e| e.session.is_open()).count(), ..PoolStats::default() })
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let open = |s: &Server| match &s.channel {
+            Channel::PerEnv(sessions) => sessions.iter().filter(|s| s.is_open()).count(),
+            Channel::Batched(lanes) => lanes.iter().filter(|l| l.session.is_open()).count(),
+        };
+        Ok(PoolStats { envs: self.num_envs, instances: state.servers.iter().map(open).sum(), ..PoolStats::default() })
     }
 }
 
 impl Drop for RemoteEnvs {
     fn drop(&mut self) {
-        let envs = self.envs.get_mut().unwrap_or_else(|e| e.into_inner());
-        let closing = envs.iter_mut().map(|e| e.session.close());
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let sessions = state.servers.iter_mut().flat_map(|s| match &mut s.channel {
+            Channel::PerEnv(sessions) => sessions.iter_mut().collect::<Vec<_>>(),
+            Channel::Batched(lanes) => lanes.iter_mut().map(|l| &mut l.session).collect(),
+        });
+        let closing: Vec<_> = sessions.map(|s| s.close()).collect();
         self.runtime.block_on(futures_util::future::join_all(closing));
     }
 }

@@ -15,9 +15,12 @@
 //! * **Limits** are 5 turns of 1 action unless the address sets them.
 
 use crate::address::RemoteOptions;
+use crate::session::CallError;
 use anyhow::{Result, bail};
 use ragen_runtime::{ActionSpace, EnvSpec, Limits, PluginInfo, PoolStep, StepInfo, TextActions};
+use serde::Deserialize;
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 
 /// How actions and observations travel.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,6 +144,73 @@ pub fn step_of(data: &Value, dialect: &Dialect, metric_names: &[String]) -> Resu
         }
     };
     Ok(PoolStep { observation: text, reward, done, info, autoreset: None })
+}
+
+/// A batched answer (`/ragen/batch`), decoded straight into each env's
+/// step or error: a thousand observations per frame, so no JSON tree.
+pub fn batch_answer(text: &str, count: usize, metric_names: &[String]) -> Result<Vec<Result<PoolStep, CallError>>, CallError> {
+    #[derive(Deserialize)]
+    struct Frame {
+        r#type: String,
+        data: Option<Vec<Item>>,
+    }
+    #[derive(Deserialize)]
+    struct Item {
+        observation: Option<Observation>,
+        reward: Option<f64>,
+        done: Option<bool>,
+        error: Option<ErrorItem>,
+    }
+    #[derive(Deserialize)]
+    struct Observation {
+        text: String,
+        success: Option<bool>,
+        action_is_valid: Option<bool>,
+        action_is_effective: Option<bool>,
+        #[serde(default)]
+        metrics: HashMap<String, Option<f64>>,
+    }
+    #[derive(Deserialize)]
+    struct ErrorItem {
+        message: Option<String>,
+        code: Option<String>,
+    }
+    let frame: Frame =
+        serde_json::from_str(text).map_err(|e| CallError::Invalid(format!("the server's batched answer does not read: {e}")))?;
+    let items = match (frame.r#type.as_str(), frame.data) {
+        ("observations", Some(items)) => items,
+        ("error", _) => {
+            let error: Value = serde_json::from_str(text).unwrap_or_default();
+            let message = error["data"]["message"].as_str().unwrap_or("(no message)");
+            return Err(CallError::Invalid(format!("the server refused the batched call: {message}")));
+        }
+        (other, _) => return Err(CallError::Invalid(format!("the server answered with a `{other}` frame where `observations` was due"))),
+    };
+    if items.len() != count {
+        return Err(CallError::Invalid(format!("the server answered {} of {count} envs", items.len())));
+    }
+    Ok(items
+        .into_iter()
+        .map(|item| {
+            if let Some(e) = item.error {
+                let (code, message) = (e.code.unwrap_or_else(|| "UNKNOWN".into()), e.message.unwrap_or_else(|| "(no message)".into()));
+                return Err(CallError::Refused { code, message });
+            }
+            let o = item.observation.ok_or_else(|| CallError::Invalid("an item has neither `observation` nor `error`".into()))?;
+            let reward = item.reward.unwrap_or(0.0);
+            if !reward.is_finite() {
+                return Err(CallError::Invalid(format!("the reward {reward} is not a finite number")));
+            }
+            let metrics = metric_names.iter().map(|m| o.metrics.get(m).copied().flatten().unwrap_or(0.0)).collect();
+            let info = StepInfo {
+                success: o.success.unwrap_or(false),
+                action_is_valid: o.action_is_valid.unwrap_or(true),
+                action_is_effective: o.action_is_effective.unwrap_or(true),
+                metrics,
+            };
+            Ok(PoolStep { observation: o.text, reward, done: item.done.unwrap_or(false), info, autoreset: None })
+        })
+        .collect())
 }
 
 /// An OpenEnv observation as text (see the module docs).

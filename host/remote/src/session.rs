@@ -4,7 +4,7 @@
 //! is lost, and its next reset connects again, so a server that comes back
 //! is used again.
 
-use crate::address::{Endpoint, RemoteOptions};
+use crate::address::RemoteOptions;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -14,11 +14,12 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Message, http};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use url::Url;
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// Why a call got no answer to use.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum CallError {
     /// The server could not be reached, went away, or did not answer in
     /// time: the session is gone.
@@ -33,9 +34,10 @@ pub struct Session {
     socket: Option<Socket>,
 }
 
-/// Settings every session of a batch shares.
+/// Where a session connects, and the settings every session shares.
 pub struct Link<'a> {
-    pub endpoint: &'a Endpoint,
+    /// The session route: `/ws`, or `/ragen/batch?envs=N`.
+    pub url: &'a Url,
     pub options: &'a RemoteOptions,
     pub token: Option<&'a str>,
 }
@@ -53,10 +55,21 @@ impl Session {
     /// `data` when it is of `expected` type. With `connect`, a closed
     /// session is opened first; without, a closed session is lost.
     pub async fn call(&mut self, link: &Link<'_>, message: Value, expected: &str, connect: bool) -> Result<Value, CallError> {
+        self.call_with(link, message, connect, |text| answer(text, expected)).await
+    }
+
+    /// [`call`](Self::call), the answer's text read by `decode`.
+    pub async fn call_with<T>(
+        &mut self,
+        link: &Link<'_>,
+        message: Value,
+        connect: bool,
+        decode: impl FnOnce(&str) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
         let deadline = link.options.timeout;
-        let answer = tokio::time::timeout(deadline, self.exchange(link, message, expected, connect)).await;
+        let answer = tokio::time::timeout(deadline, self.exchange(link, message, connect, decode)).await;
         let result = answer.unwrap_or_else(|_| {
-            Err(CallError::Lost(format!("{} did not answer within {} s (the address's timeout)", link.endpoint.ws, deadline.as_secs_f64())))
+            Err(CallError::Lost(format!("{} did not answer within {} s (the address's timeout)", link.url, deadline.as_secs_f64())))
         });
         if matches!(result, Err(CallError::Lost(_) | CallError::Invalid(_))) {
             // Out of step or gone: the next reset starts a fresh session.
@@ -65,28 +78,34 @@ impl Session {
         result
     }
 
-    async fn exchange(&mut self, link: &Link<'_>, message: Value, expected: &str, connect: bool) -> Result<Value, CallError> {
+    async fn exchange<T>(
+        &mut self,
+        link: &Link<'_>,
+        message: Value,
+        connect: bool,
+        decode: impl FnOnce(&str) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
         if self.socket.is_none() {
             if !connect {
-                return Err(CallError::Lost(format!("the session with {} was lost earlier in this episode", link.endpoint.ws)));
+                return Err(CallError::Lost(format!("the session with {} was lost earlier in this episode", link.url)));
             }
             self.socket = Some(open(link).await?);
         }
         let socket = self.socket.as_mut().expect("opened above");
-        let lost = |e: &dyn std::fmt::Display| CallError::Lost(format!("the session with {} broke: {e}", link.endpoint.ws));
+        let lost = |e: &dyn std::fmt::Display| CallError::Lost(format!("the session with {} broke: {e}", link.url));
         socket.send(Message::Text(message.to_string().into())).await.map_err(|e| lost(&e))?;
         loop {
             let frame = match socket.next().await {
-                None => return Err(CallError::Lost(format!("{} closed the session", link.endpoint.ws))),
+                None => return Err(CallError::Lost(format!("{} closed the session", link.url))),
                 Some(Err(e)) => return Err(lost(&e)),
                 Some(Ok(frame)) => frame,
             };
             match frame {
-                Message::Text(text) => return answer(&text, expected),
+                Message::Text(text) => return decode(&text),
                 Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => continue,
                 Message::Close(close) => {
                     let why = close.map(|c| format!(" ({}: {})", u16::from(c.code), c.reason)).unwrap_or_default();
-                    return Err(CallError::Lost(format!("{} closed the session{why}", link.endpoint.ws)));
+                    return Err(CallError::Lost(format!("{} closed the session{why}", link.url)));
                 }
                 Message::Binary(_) => return Err(CallError::Invalid("the server sent a binary frame; OpenEnv's are JSON text".into())),
             }
@@ -107,7 +126,7 @@ impl Session {
 
 /// Connect, with the bearer token when there is one.
 async fn open(link: &Link<'_>) -> Result<Socket, CallError> {
-    let url = &link.endpoint.ws;
+    let url = &link.url;
     let mut request = url.as_str().into_client_request().map_err(|e| CallError::Lost(format!("{url}: {e}")))?;
     if let Some(token) = link.token {
         let value = HeaderValue::from_str(&format!("Bearer {token}"))
@@ -137,7 +156,7 @@ async fn open(link: &Link<'_>) -> Result<Socket, CallError> {
 }
 
 /// The `data` of a frame of type `expected`, or why not.
-fn answer(text: &str, expected: &str) -> Result<Value, CallError> {
+pub fn answer(text: &str, expected: &str) -> Result<Value, CallError> {
     let frame: Value = serde_json::from_str(text)
         .map_err(|e| CallError::Invalid(format!("the server's frame is not JSON ({e}): {}", text.chars().take(200).collect::<String>())))?;
     let kind = frame.get("type").and_then(Value::as_str).unwrap_or_default();

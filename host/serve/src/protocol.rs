@@ -311,18 +311,82 @@ impl ActionParser {
 /// The body of a reset or step reply: `{"observation": {…}, "reward", "done"}`.
 /// A reset has `reward: null`, as OpenEnv's.
 pub fn observation(step: &PoolStep, metric_names: &[String], reset: bool) -> Value {
-    let metrics: Map<String, Value> = metric_names.iter().cloned().zip(step.info.metrics.iter().map(|&m| json!(m))).collect();
-    json!({
-        "observation": {
-            "text": step.observation,
-            "success": step.info.success,
-            "action_is_valid": step.info.action_is_valid,
-            "action_is_effective": step.info.action_is_effective,
-            "metrics": metrics,
-        },
-        "reward": if reset { Value::Null } else { json!(step.reward) },
-        "done": step.done,
-    })
+    serde_json::to_value(ObservationBody::new(step, metric_names, reset)).expect("an observation serializes")
+}
+
+/// [`observation`]'s shape, serialized without building a JSON tree (a
+/// batched answer holds a thousand of them).
+#[derive(Serialize)]
+pub struct ObservationBody<'a> {
+    observation: ObservationFields<'a>,
+    reward: Option<f64>,
+    done: bool,
+}
+
+#[derive(Serialize)]
+struct ObservationFields<'a> {
+    text: &'a str,
+    success: bool,
+    action_is_valid: bool,
+    action_is_effective: bool,
+    metrics: Metrics<'a>,
+}
+
+/// The step's metrics by name, as a JSON object.
+struct Metrics<'a>(&'a [String], &'a [f64]);
+
+impl Serialize for Metrics<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().zip(self.1))
+    }
+}
+
+impl<'a> ObservationBody<'a> {
+    pub fn new(step: &'a PoolStep, metric_names: &'a [String], reset: bool) -> Self {
+        let info = &step.info;
+        Self {
+            observation: ObservationFields {
+                text: &step.observation,
+                success: info.success,
+                action_is_valid: info.action_is_valid,
+                action_is_effective: info.action_is_effective,
+                metrics: Metrics(metric_names, &info.metrics),
+            },
+            reward: if reset { None } else { Some(step.reward) },
+            done: step.done,
+        }
+    }
+}
+
+/// One item of a batched answer: the env's observation, or its error.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum BatchItem<'a> {
+    Observation(ObservationBody<'a>),
+    Error { error: ErrorBody<'a> },
+}
+
+#[derive(Serialize)]
+pub struct ErrorBody<'a> {
+    message: &'a str,
+    code: ErrorCode,
+}
+
+/// A batched answer frame: `{"type": "observations", "data": [item, …]}`.
+pub fn batch_answer(results: &[(Result<PoolStep, ProtocolError>, bool)], metric_names: &[String]) -> String {
+    let items: Vec<BatchItem> = results
+        .iter()
+        .map(|(r, reset)| match r {
+            Ok(step) => BatchItem::Observation(ObservationBody::new(step, metric_names, *reset)),
+            Err(e) => BatchItem::Error { error: ErrorBody { message: &e.message, code: e.code } },
+        })
+        .collect();
+    #[derive(Serialize)]
+    struct Frame<'a> {
+        r#type: &'static str,
+        data: Vec<BatchItem<'a>>,
+    }
+    serde_json::to_string(&Frame { r#type: "observations", data: items }).expect("an answer serializes")
 }
 
 /// `/schema`: JSON schemas of the action, the observation and the state.
@@ -416,6 +480,27 @@ mod tests {
         assert!(seed.message.contains("seed must be an integer"), "{}", seed.message);
         let key = code(r#"{"type":"reset","data":{"difficulty":"hard"}}"#);
         assert!(key.message.contains("not `difficulty`") && key.message.contains("--set"), "{}", key.message);
+    }
+
+    #[test]
+    fn batched_frames_name_their_envs_and_a_bad_action_is_that_envs_error() {
+        let p = names();
+        let calls = |text: &str| match parse_batch(text, &p, 3).unwrap() {
+            BatchMessage::Calls(calls) => calls,
+            BatchMessage::Close => panic!("not a close"),
+        };
+        let resets = calls(r#"{"type":"reset","data":{"envs":[2,0],"seeds":[7,null]}}"#);
+        assert_eq!(resets[0], (2, Ok(ClientMessage::Reset(ResetArgs { seed: Some(7), episode_id: None }))));
+        assert_eq!(resets[1], (0, Ok(ClientMessage::Reset(ResetArgs::default()))));
+        let steps = calls(r#"{"type":"step","data":{"envs":[1,0],"actions":["down","Jump"]}}"#);
+        assert_eq!(steps[0], (1, Ok(ClientMessage::Step(Action::Id(1)))));
+        assert!(steps[1].1.as_ref().unwrap_err().message.contains("unknown action `Jump`"));
+        assert_eq!(parse_batch(r#"{"type":"close"}"#, &p, 3).unwrap(), BatchMessage::Close);
+        let err = |text: &str| parse_batch(text, &p, 3).unwrap_err().message;
+        assert!(err(r#"{"type":"step","data":{"envs":[3],"actions":["Up"]}}"#).contains("envs 0 to 2"));
+        assert!(err(r#"{"type":"step","data":{"envs":[1,1],"actions":["Up","Up"]}}"#).contains("named twice"));
+        assert!(err(r#"{"type":"step","data":{"envs":[1],"actions":[]}}"#).contains("1 envs but 0 actions"));
+        assert_eq!(parse_batch(r#"{"type":"state"}"#, &p, 3).unwrap_err().code, ErrorCode::UnknownType);
     }
 
     #[test]

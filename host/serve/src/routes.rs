@@ -2,7 +2,7 @@
 
 use crate::App;
 use crate::protocol::{self, BatchMessage, ClientMessage, ErrorCode, ProtocolError};
-use crate::session::Session;
+use crate::session::{EnvRequest, Session};
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
@@ -13,6 +13,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use ragen_runtime::PoolStep;
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
 use tracing::{debug, warn};
@@ -352,41 +353,39 @@ async fn batch_loop(app: Arc<App>, mut sessions: Vec<Session>, mut socket: WebSo
     debug!("batched session closed");
 }
 
-/// Every call of a batched frame at once (the stepping thread gathers them
-/// into pool batches); the answers in the frame's order.
+/// Every call of a batched frame in one job for the stepping thread; the
+/// answers in the frame's order.
 async fn answer_batch(app: &App, sessions: &mut [Session], calls: Vec<(usize, Result<ClientMessage, ProtocolError>)>) -> String {
-    let mut by_env: Vec<Option<(usize, Result<ClientMessage, ProtocolError>)>> = (0..sessions.len()).map(|_| None).collect();
-    let count = calls.len();
+    let mut by_env: Vec<Option<(usize, EnvRequest)>> = (0..sessions.len()).map(|_| None).collect();
+    let mut results: Vec<(Result<PoolStep, ProtocolError>, bool)> = Vec::with_capacity(calls.len());
     for (pos, (env, message)) in calls.into_iter().enumerate() {
-        by_env[env] = Some((pos, message));
+        let (request, reset) = match message {
+            Ok(ClientMessage::Reset(args)) => (EnvRequest::Reset(args), true),
+            Ok(ClientMessage::Step(action)) => (EnvRequest::Step(action), false),
+            Ok(_) => unreachable!("parse_batch gives only resets and steps"),
+            Err(e) => {
+                results.push((Err(e), false));
+                continue;
+            }
+        };
+        by_env[env] = Some((pos, request));
+        // A placeholder, replaced by the answer below.
+        results.push((Err(ProtocolError::new(ErrorCode::ExecutionError, "")), reset));
     }
-    let futures = sessions.iter_mut().zip(by_env).filter_map(|(session, call)| {
-        let (pos, message) = call?;
-        Some(async move {
-            let result = match message {
-                Err(e) => Err(e),
-                Ok(ClientMessage::Reset(args)) => {
-                    session.reset(&app.envs, args).await.map(|s| protocol::observation(&s, &app.spec.metrics, true))
-                }
-                Ok(ClientMessage::Step(action)) => {
-                    session.step(&app.envs, action).await.map(|s| protocol::observation(&s, &app.spec.metrics, false))
-                }
-                _ => unreachable!("parse_batch gives only resets and steps"),
-            };
-            (pos, result)
-        })
-    });
-    let mut answers = futures_util::future::join_all(futures).await;
-    answers.sort_by_key(|a| a.0);
-    debug_assert_eq!(answers.len(), count);
-    let items: Vec<Value> = answers
-        .into_iter()
-        .map(|(_, r)| match r {
-            Ok(data) => data,
-            Err(e) => json!({"error": {"message": e.message, "code": e.code}}),
+    let mut order = Vec::new();
+    let calls: Vec<(&mut Session, EnvRequest)> = sessions
+        .iter_mut()
+        .zip(by_env)
+        .filter_map(|(session, call)| {
+            let (pos, request) = call?;
+            order.push(pos);
+            Some((session, request))
         })
         .collect();
-    json!({"type": "observations", "data": items}).to_string()
+    for (pos, answer) in order.into_iter().zip(Session::call_many(&app.envs, calls).await) {
+        results[pos].0 = answer;
+    }
+    protocol::batch_answer(&results, &app.spec.metrics)
 }
 
 /// One message's reply frame.

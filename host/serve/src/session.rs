@@ -91,6 +91,12 @@ struct Episode {
     failure: Option<String>,
 }
 
+/// One call of a batched frame.
+pub enum EnvRequest {
+    Reset(ResetArgs),
+    Step(Action),
+}
+
 /// A session: a slot and its episode.
 pub struct Session {
     slot: Slot,
@@ -113,18 +119,66 @@ impl Session {
 
     /// Start a new episode.
     pub async fn reset(&mut self, envs: &Envs, args: ResetArgs) -> Result<PoolStep, ProtocolError> {
-        let seed = args.seed.unwrap_or_else(|| envs.counters.seed.fetch_add(1, Ordering::Relaxed));
-        let id = args.episode_id.unwrap_or_else(|| format!("episode-{}", envs.counters.episode.fetch_add(1, Ordering::Relaxed)));
-        self.episode = Episode { id: Some(id), seed: Some(seed), ..Episode::default() };
-        envs.metrics.resets.inc();
-        match envs.stepper.call(self.slot.id, Work::Reset(seed)).await {
-            Ok(first) => Ok(first),
-            Err(e) => Err(self.fail(envs, e)),
-        }
+        let work = self.start_reset(envs, args);
+        let result = envs.stepper.call(self.slot.id, work).await;
+        self.finish_reset(envs, result)
     }
 
     /// Take one action in the current episode.
     pub async fn step(&mut self, envs: &Envs, action: Action) -> Result<PoolStep, ProtocolError> {
+        let work = self.start_step(action)?;
+        let start = Instant::now();
+        let result = envs.stepper.call(self.slot.id, work).await;
+        self.finish_step(envs, result, start)
+    }
+
+    /// A batched session's calls: each session's work goes to the stepping
+    /// thread in one job (so a frame of a thousand envs costs one message,
+    /// not a thousand), and each answer is booked as [`reset`](Self::reset)
+    /// and [`step`](Self::step) book theirs.
+    pub async fn call_many(envs: &Envs, calls: Vec<(&mut Session, EnvRequest)>) -> Vec<Result<PoolStep, ProtocolError>> {
+        let mut out: Vec<Option<Result<PoolStep, ProtocolError>>> = Vec::with_capacity(calls.len());
+        let mut jobs = Vec::new();
+        let mut pending = Vec::new();
+        for (pos, (session, request)) in calls.into_iter().enumerate() {
+            let work = match request {
+                EnvRequest::Reset(args) => Ok(session.start_reset(envs, args)),
+                EnvRequest::Step(action) => session.start_step(action),
+            };
+            match work {
+                Ok(work) => {
+                    jobs.push((session.slot.id, work));
+                    pending.push((pos, session));
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        let start = Instant::now();
+        let results = envs.stepper.call_many(jobs).await;
+        for ((pos, session), (work, result)) in pending.into_iter().zip(results) {
+            out[pos] = Some(match work {
+                Work::Reset(_) => session.finish_reset(envs, result),
+                Work::Step(_) => session.finish_step(envs, result, start),
+            });
+        }
+        out.into_iter().map(|o| o.expect("every call answered")).collect()
+    }
+
+    fn start_reset(&mut self, envs: &Envs, args: ResetArgs) -> Work {
+        let seed = args.seed.unwrap_or_else(|| envs.counters.seed.fetch_add(1, Ordering::Relaxed));
+        let id = args.episode_id.unwrap_or_else(|| format!("episode-{}", envs.counters.episode.fetch_add(1, Ordering::Relaxed)));
+        self.episode = Episode { id: Some(id), seed: Some(seed), ..Episode::default() };
+        envs.metrics.resets.inc();
+        Work::Reset(seed)
+    }
+
+    fn finish_reset(&mut self, envs: &Envs, result: Result<PoolStep, CallError>) -> Result<PoolStep, ProtocolError> {
+        result.map_err(|e| self.fail(envs, e))
+    }
+
+    /// The step's work, or why the episode cannot take it.
+    fn start_step(&self, action: Action) -> Result<Work, ProtocolError> {
         let ep = &self.episode;
         if ep.seed.is_none() {
             return Err(ProtocolError::new(ErrorCode::ExecutionError, "no episode yet: send reset first"));
@@ -135,8 +189,10 @@ impl Session {
         if ep.done {
             return Err(ProtocolError::new(ErrorCode::ExecutionError, "the episode is over: send reset to start another"));
         }
-        let start = Instant::now();
-        let result = envs.stepper.call(self.slot.id, Work::Step(action)).await;
+        Ok(Work::Step(action))
+    }
+
+    fn finish_step(&mut self, envs: &Envs, result: Result<PoolStep, CallError>, start: Instant) -> Result<PoolStep, ProtocolError> {
         envs.metrics.steps.inc();
         envs.metrics.step_latency.observe(start.elapsed().as_secs_f64());
         match result {

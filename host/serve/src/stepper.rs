@@ -33,10 +33,45 @@ pub enum CallError {
 
 type Reply = Result<PoolStep, CallError>;
 
+/// One env's work, and where its answer goes: alone, or as item `usize`
+/// of a batch's answer.
 struct Job {
     slot: usize,
     work: Work,
-    reply: oneshot::Sender<Reply>,
+    reply: ReplyTo,
+}
+
+enum ReplyTo {
+    One(oneshot::Sender<Reply>),
+    Many(Arc<ManyReplies>, usize),
+}
+
+/// A batch's answers, sent back in one message when the last one is in.
+struct ManyReplies {
+    answers: std::sync::Mutex<(Vec<Option<Reply>>, usize)>,
+    done: std::sync::Mutex<Option<oneshot::Sender<Vec<Reply>>>>,
+}
+
+impl ReplyTo {
+    fn send(self, reply: Reply) {
+        match self {
+            // A session that went away meanwhile no longer wants its reply.
+            Self::One(tx) => {
+                let _ = tx.send(reply);
+            }
+            Self::Many(many, i) => {
+                let mut answers = many.answers.lock().unwrap_or_else(|e| e.into_inner());
+                answers.0[i] = Some(reply);
+                answers.1 -= 1;
+                if answers.1 == 0 {
+                    let all = answers.0.iter_mut().map(|a| a.take().expect("every item answered")).collect();
+                    if let Some(tx) = many.done.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                        let _ = tx.send(all);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A handle to the stepping thread; cheap to share.
@@ -57,8 +92,35 @@ impl Stepper {
     /// its first observation with reward 0 and `done` false.
     pub async fn call(&self, slot: usize, work: Work) -> Reply {
         let (reply, answer) = oneshot::channel();
-        self.jobs.send(Job { slot, work, reply }).map_err(|_| CallError::Pool("the stepping thread has stopped".into()))?;
+        self.jobs
+            .send(Job { slot, work, reply: ReplyTo::One(reply) })
+            .map_err(|_| CallError::Pool("the stepping thread has stopped".into()))?;
         answer.await.map_err(|_| CallError::Pool("the stepping thread dropped a call".into()))?
+    }
+
+    /// Run every `(slot, work)` and wait for all of them; the answers in
+    /// order, each with its work.
+    pub async fn call_many(&self, calls: Vec<(usize, Work)>) -> Vec<(Work, Reply)> {
+        if calls.is_empty() {
+            return Vec::new();
+        }
+        let (tx, rx) = oneshot::channel();
+        let many = Arc::new(ManyReplies {
+            answers: std::sync::Mutex::new(((0..calls.len()).map(|_| None).collect(), calls.len())),
+            done: std::sync::Mutex::new(Some(tx)),
+        });
+        let works: Vec<Work> = calls.iter().map(|(_, w)| w.clone()).collect();
+        for (i, (slot, work)) in calls.into_iter().enumerate() {
+            if self.jobs.send(Job { slot, work, reply: ReplyTo::Many(many.clone(), i) }).is_err() {
+                let stopped = || Err(CallError::Pool("the stepping thread has stopped".into()));
+                return works.into_iter().map(|w| (w, stopped())).collect();
+            }
+        }
+        drop(many);
+        match rx.await {
+            Ok(answers) => works.into_iter().zip(answers).collect(),
+            Err(_) => works.into_iter().map(|w| (w, Err(CallError::Pool("the stepping thread dropped a call".into())))).collect(),
+        }
     }
 }
 
@@ -121,14 +183,13 @@ fn answer(jobs: Vec<Job>, results: anyhow::Result<Vec<Result<PoolStep, EnvFailur
     match results {
         Ok(results) => {
             for (job, result) in jobs.into_iter().zip(results) {
-                // A session that went away meanwhile no longer wants its reply.
-                let _ = job.reply.send(result.map_err(CallError::Env));
+                job.reply.send(result.map_err(CallError::Env));
             }
         }
         Err(e) => {
             let message = format!("{e:#}");
             for job in jobs {
-                let _ = job.reply.send(Err(CallError::Pool(message.clone())));
+                job.reply.send(Err(CallError::Pool(message.clone())));
             }
         }
     }

@@ -8,7 +8,7 @@ use crate::output::{errln, print_report};
 use crate::shipped::Twin;
 use anyhow::{Context, Result, anyhow, bail};
 use ragen_env_sdk::{CheckedEnv, Environment, SeedRng};
-use ragen_runtime::{EnvFailure, EnvPool, Plugin, PoolConfig};
+use ragen_runtime::{Action, EnvFailure, EnvPool, Envs, Plugin, PoolConfig};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,6 +39,12 @@ pub struct BenchCommand {
     /// batched calls (to measure what batching buys).
     #[arg(long)]
     single_calls: bool,
+    /// Also serve the plugin on loopback (as `ragen-host serve` does, in
+    /// this process) and measure its envs over WebSocket as `--env ws://`
+    /// plays them: all envs in one batched session, and one session per
+    /// env as OpenEnv's clients play; each against the pool in this run.
+    #[arg(long, conflicts_with = "policy")]
+    over_websocket: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -123,7 +129,8 @@ impl BenchCommand {
         let threads = default_threads(self.threads);
         let batched = !self.single_calls;
         let (envs, seconds, envs_per_instance) = (self.envs, self.seconds, self.envs_per_instance);
-        let opts = Options { envs, threads, seconds, envs_per_instance, batched, settings: self.settings.parse()? };
+        let over_websocket = self.over_websocket;
+        let opts = Options { envs, threads, seconds, envs_per_instance, batched, settings: self.settings.parse()?, over_websocket };
         let report = bench(&self.file.local(access)?, &opts)?;
         print_report(&report, self.json, Report::to_text)?;
         if report.failures > 0 {
@@ -148,6 +155,8 @@ pub struct Options {
     /// Use the plugin's batched calls when it has them.
     pub batched: bool,
     pub settings: Vec<(String, String)>,
+    /// Measure the envs over WebSocket on loopback too.
+    pub over_websocket: bool,
 }
 
 #[derive(Serialize, Clone, Copy)]
@@ -205,6 +214,26 @@ pub struct Report {
     /// batched calls run again call by call, batching turned off. Each
     /// costs time: the sandboxed rates include it.
     pub recoveries: ragen_runtime::Recoveries,
+    /// With --over-websocket: the same envs served on loopback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub over_websocket: Option<OverWebsocket>,
+}
+
+/// The plugin's envs served on loopback by `ragen-serve` in this process
+/// and played through `ragen-remote`, as `--env ws://` plays them.
+#[derive(Serialize)]
+pub struct OverWebsocket {
+    /// All envs in one session (`/ragen/batch`): what `--env ws://` uses
+    /// with ragen-host's server.
+    pub batched_session: Rates,
+    /// One session per env (`/ws`), as OpenEnv's clients play.
+    pub session_per_env: Rates,
+    /// `batched_session` / the pool in this process (`sandboxed`).
+    pub batched_ratio: Rates,
+    /// `session_per_env` / the pool in this process.
+    pub per_env_ratio: Rates,
+    /// Failed env calls over the network (0 on a healthy loopback).
+    pub failures: usize,
 }
 
 /// Failed env calls as a bench meets them: a count per kind and the first
@@ -266,6 +295,8 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
     let half = Duration::from_secs_f64(opts.seconds / 2.0);
     let probe = probe_instances(&plugin, opts, &info.name)?;
     let pool = pool_rates(&plugin, opts, probe.num_actions, half)?;
+    let over_websocket =
+        if opts.over_websocket { Some(websocket_rates(&plugin, opts, probe.num_actions, half, &pool.rates)?) } else { None };
     let native = match probe.twin {
         Some(twin) => Some(twin.bench_native(opts, probe.num_actions, half)?),
         None => None,
@@ -297,6 +328,7 @@ pub fn bench(file: &Path, opts: &Options) -> Result<Report> {
         failure_kinds: pool.failures.by_kind,
         first_failure: pool.failures.first,
         recoveries: pool.recoveries,
+        over_websocket,
     })
 }
 
@@ -367,23 +399,95 @@ fn pool_rates(plugin: &Arc<Plugin>, opts: &Options, num_actions: usize, budget: 
     };
     let pool = EnvPool::new(plugin.clone(), &config)?;
     let stats = pool.stats()?;
-    let n = opts.envs;
     let mut failures = Failures::default();
-    let resets = rate(budget, |round| {
-        let seeds: Vec<u64> = (0..n as u64).map(|i| round * n as u64 + i).collect();
-        failures.count(&pool.reset_all(&seeds)?);
-        Ok(n)
-    })?;
-    // Resident memory once every env holds a running episode.
-    let resident_bytes_per_env = resident_bytes().saturating_sub(before) as f64 / n as f64;
-    let mut rng = SeedRng::new(1);
-    let steps = rate(budget, |_| {
-        let actions: Vec<u32> = (0..n).map(|_| rng.below(num_actions) as u32).collect();
-        failures.count(&pool.step_all(&actions)?);
-        Ok(n)
+    let mut resident_bytes_per_env = 0.0;
+    let rates = rates_of(&pool, true, num_actions, budget, &mut failures, || {
+        // Resident memory once every env holds a running episode.
+        resident_bytes_per_env = resident_bytes().saturating_sub(before) as f64 / opts.envs as f64;
     })?;
     let recoveries = pool.stats()?.recoveries;
-    Ok(PoolRates { rates: Rates { resets_per_sec: resets, steps_per_sec: steps }, stats, resident_bytes_per_env, failures, recoveries })
+    Ok(PoolRates { rates, stats, resident_bytes_per_env, failures, recoveries })
+}
+
+/// Resets of every env, then random steps, each for `budget`; `between`
+/// runs once the resets are done. Episodes that end are started again by
+/// the pool's autoreset, or, for envs without one (`autoreset` false: a
+/// server's), by a reset at the start of the next round, counted with the
+/// steps as the pool's autoreset steps are.
+fn rates_of(
+    envs: &dyn Envs,
+    autoreset: bool,
+    num_actions: usize,
+    budget: Duration,
+    failures: &mut Failures,
+    between: impl FnOnce(),
+) -> Result<Rates> {
+    let n = envs.num_envs();
+    let ids: Vec<usize> = (0..n).collect();
+    let resets = rate(budget, |round| {
+        let seeds: Vec<u64> = (0..n as u64).map(|i| round * n as u64 + i).collect();
+        failures.count(&envs.reset(&ids, &seeds)?);
+        Ok(n)
+    })?;
+    between();
+    let mut rng = SeedRng::new(1);
+    let mut over = vec![false; n];
+    let steps = rate(budget, |round| {
+        let ended: Vec<usize> = (0..n).filter(|&i| over[i]).collect();
+        if !ended.is_empty() {
+            let seeds: Vec<u64> = ended.iter().map(|&i| (round + 1_000_003) * n as u64 + i as u64).collect();
+            failures.count(&envs.reset(&ended, &seeds)?);
+        }
+        let actions: Vec<Action> = (0..n).map(|_| Action::Id(rng.below(num_actions) as u32)).collect();
+        let results = envs.step(&ids, &actions)?;
+        if !autoreset {
+            over = results.iter().map(|r| r.as_ref().is_ok_and(|s| s.done)).collect();
+        }
+        failures.count(&results);
+        Ok(n)
+    })?;
+    Ok(Rates { resets_per_sec: resets, steps_per_sec: steps })
+}
+
+/// The plugin served on loopback in this process, played over WebSocket
+/// with one batched session and with a session per env (see
+/// [`OverWebsocket`]).
+fn websocket_rates(plugin: &Arc<Plugin>, opts: &Options, num_actions: usize, budget: Duration, pool: &Rates) -> Result<OverWebsocket> {
+    let config = ragen_serve::ServeConfig {
+        max_sessions: 2 * opts.envs,
+        threads: opts.threads,
+        envs_per_instance: opts.envs_per_instance,
+        settings: opts.settings.clone(),
+        ..ragen_serve::ServeConfig::default()
+    };
+    let server = ragen_serve::Server::new(plugin.clone(), config)?;
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the server's async runtime")?;
+    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).context("cannot listen on loopback")?;
+    let address: ragen_remote::RemoteAddress = format!("ws://{}", listener.local_addr()?).parse()?;
+    let stop = server.shutdown_token();
+    let serving = runtime.spawn(server.serve(listener));
+    let remote = ragen_remote::Remote::connect(&address)?;
+    let mut failures = Failures::default();
+    let mut measure = |batched: bool| -> Result<Rates> {
+        let envs = remote.open(&PoolConfig { batched, settings: opts.settings.clone(), ..PoolConfig::new(opts.envs) })?;
+        // Sessions open before the clock starts.
+        let ids: Vec<usize> = (0..opts.envs).collect();
+        envs.reset(&ids, &vec![0; opts.envs])?;
+        rates_of(envs.as_ref(), false, num_actions, budget, &mut failures, || {})
+    };
+    let batched_session = measure(true)?;
+    let session_per_env = measure(false)?;
+    stop.cancel();
+    runtime.block_on(serving).context("the bench's server task")??;
+    let ratio =
+        |r: &Rates| Rates { resets_per_sec: r.resets_per_sec / pool.resets_per_sec, steps_per_sec: r.steps_per_sec / pool.steps_per_sec };
+    Ok(OverWebsocket {
+        batched_ratio: ratio(&batched_session),
+        per_env_ratio: ratio(&session_per_env),
+        batched_session,
+        session_per_env,
+        failures: failures.total(),
+    })
 }
 
 /// The same workload on the env compiled natively: `opts.envs` envs split
@@ -472,6 +576,18 @@ impl Report {
         }
         if self.recoveries.any() {
             s += &format!("  recovered  {}\n", self.recoveries);
+        }
+        if let Some(w) = &self.over_websocket {
+            s += "  over WebSocket on loopback (served in this process):\n";
+            for (what, r, ratio) in [("batched", &w.batched_session, &w.batched_ratio), ("per env", &w.session_per_env, &w.per_env_ratio)] {
+                s += &format!(
+                    "  {what:<10} {:>12.0} resets/s {:>12.0} steps/s   {:.2} x / {:.2} x the pool\n",
+                    r.resets_per_sec, r.steps_per_sec, ratio.resets_per_sec, ratio.steps_per_sec
+                );
+            }
+            if w.failures > 0 {
+                s += &format!("  {} env calls failed over the network\n", w.failures);
+            }
         }
         s
     }

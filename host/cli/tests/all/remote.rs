@@ -195,6 +195,57 @@ fn two_servers_share_the_envs_and_a_killed_one_fails_only_its_episodes_until_it_
     drop(a);
 }
 
+/// A training run over two servers, one killed mid-run and restarted: the
+/// run goes on, counts the lost episodes, uses the server again once it is
+/// back, and finishes.
+#[test]
+fn a_run_over_two_servers_outlives_one_of_them() {
+    let sokoban = plugin("sokoban");
+    let a = Served::start("run-a", &sokoban, &[]);
+    let mut b = Served::start("run-b", &sokoban, &[]);
+    let b_port = b.addr.port();
+    let dir = scratch("remote-two-servers");
+    let config = dir.join("c.toml");
+    std::fs::write(&config, "steps = 40\nval_episodes = 2\ntest_freq = 100\n[rollout]\nenv_groups = 2\ngroup_size = 4\n[model]\nd_model = 16\nn_layers = 1\nn_heads = 2\n").unwrap();
+    let run = dir.join("run");
+    let _ = std::fs::remove_dir_all(&run);
+    let env = format!("ws://{}?timeout=10,ws://{}", a.addr, b.addr);
+    let mut train = Command::new(env!("CARGO_BIN_EXE_ragen-host"))
+        .args(["train", "--env", &env, "--config", config.to_str().unwrap(), "--out", run.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("train.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let steps = || -> Vec<Value> {
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let wait_for = |what: &str, done: &dyn Fn(&[Value]) -> bool| {
+        let started = Instant::now();
+        while !done(&steps()) {
+            assert!(started.elapsed() < Duration::from_secs(120), "waited 2 minutes for {what}: {:?}", steps());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for("a first step", &|s| !s.is_empty());
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    wait_for("a step that lost episodes", &|s| s.iter().any(|m| m["failed_episodes"].as_u64() > Some(0)));
+    let _b = Served::start_on("run-b2", &sokoban, b_port, &[]);
+    let back = steps().len();
+    wait_for("the run to end", &|s| s.len() == 40);
+    assert!(train.wait().unwrap().success(), "{}", std::fs::read_to_string(dir.join("train.log")).unwrap());
+    let all = steps();
+    let lost = all.iter().find(|m| m["failed_episodes"].as_u64() > Some(0)).unwrap();
+    let failed = lost["failed_episodes"].as_u64().unwrap();
+    assert!((1..=4).contains(&failed), "at most the 4 envs on the dead server fail: {lost}");
+    assert!(back + 1 < all.len(), "the run ended before the server was back; give it more steps");
+    assert!(all[back + 1..].iter().all(|m| m["failed_episodes"].as_u64() == Some(0)), "the server is used again once back: {all:?}");
+    let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
+    assert!(log.contains("episodes failed") && log.contains("lost"), "the loss is reported: {log}");
+    drop(a);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An HTTP server that answers every request with `answer(path)`.
 fn fake_server(answer: fn(&str) -> (u16, String)) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
