@@ -186,7 +186,7 @@ test: plugins test-plugins model python openenv-client oras-client
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_EXAMPLE_DIR=$(CURDIR)/$(EXAMPLE_DIR) \
 	  RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) RAGEN_MODEL_DIR=$(CURDIR)/$(MODEL_DIR) $(CARGO) test --workspace
 	RAGEN_PLUGIN_DIR=$(CURDIR)/$(PLUGIN_DIR) RAGEN_TEST_PLUGIN_DIR=$(CURDIR)/$(TEST_PLUGIN_DIR) \
-	  $(PYENV)/bin/pytest -q python/tests
+	  RAGEN_HOST=$(abspath $(TARGET_DIR))/debug/ragen-host $(PYENV)/bin/pytest -q python/tests
 
 # The fuzz properties (proptest: model files, configs, chat templates) for
 # longer than `make test` runs them; a failure is saved in the test's
