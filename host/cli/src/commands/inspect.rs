@@ -144,6 +144,9 @@ pub fn inspect(file: &Path, settings: &[(String, String)]) -> Result<Report> {
     })
 }
 
+/// `compiled` for an env on a server.
+const ON_THE_SERVER: &str = "on the server";
+
 /// What a server says it serves, in the same report (no file, no imports:
 /// the env runs on the server).
 pub fn inspect_remote(address: &ragen_remote::RemoteAddress, settings: &[(String, String)]) -> Result<Report> {
@@ -154,7 +157,7 @@ pub fn inspect_remote(address: &ragen_remote::RemoteAddress, settings: &[(String
         file: address.to_string(),
         size_bytes: 0,
         load_seconds: clock.elapsed().as_secs_f64(),
-        compiled: "on the server",
+        compiled: ON_THE_SERVER,
         contract: "OpenEnv over WebSocket".into(),
         batched: false,
         oracle: false,
@@ -225,7 +228,12 @@ impl Report {
         if !self.env.metrics.is_empty() {
             let _ = writeln!(s, "  metrics       {}", self.env.metrics.join(", "));
         }
-        let _ = writeln!(s, "  config keys   (set with --set KEY=VALUE)");
+        let how = if self.compiled == ON_THE_SERVER {
+            "the server's: set with `ragen-host serve --set KEY=VALUE`"
+        } else {
+            "set with --set KEY=VALUE"
+        };
+        let _ = writeln!(s, "  config keys   ({how})");
         let width = self.config_keys.iter().map(|k| k.name.len() + k.default.chars().count() + 3).max().unwrap_or(0);
         for k in &self.config_keys {
             let default = if k.default.is_empty() { "\"\"".to_string() } else { k.default.clone() };

@@ -154,7 +154,9 @@ fn our_server_over_ws_plays_exactly_as_the_plugin_does_here_and_trains() {
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 2, "{metrics}");
     assert!(std::fs::read_to_string(run.join("config.toml")).unwrap().contains("served = \"sokoban 0.1.0\""));
-    // Settings belong to the server.
+    // Settings belong to the server, and inspect says where to set them.
+    let out = ragen_host(&["inspect", &url]);
+    assert!(out.status.success() && text(&out).contains("the server's: set with `ragen-host serve --set KEY=VALUE`"), "{}", text(&out));
     let out = ragen_host(&["eval", "--env", &url, "--policy", "random", "--set", "dim_x=7"]);
     assert!(!out.status.success() && text(&out).contains("pass `--set dim_x=…` to `ragen-host serve`"), "{}", text(&out));
     let _ = std::fs::remove_dir_all(&dir);
