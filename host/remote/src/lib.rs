@@ -228,7 +228,8 @@ pub struct RemoteEnvs {
     state: Mutex<State>,
 }
 
-/// One env's call: its frame's `data` item (a seed or an action).
+/// One env's call: its seed or its action, as the batched frames carry
+/// them (`per_env` wraps them in OpenEnv's request models).
 struct Call {
     env: usize,
     item: Value,
@@ -254,12 +255,12 @@ impl RemoteEnvs {
                 Server { endpoint, channel }
             })
             .collect();
-        let (names, field) = match (&remote.spec.action_space, &remote.dialect) {
-            (ActionSpace::Names(names), _) => (names.clone(), "action".to_string()),
-            (ActionSpace::Text(_), _) => (Vec::new(), "action".to_string()),
+        let names = match &remote.spec.action_space {
+            ActionSpace::Names(names) => names.clone(),
+            ActionSpace::Text(_) => Vec::new(),
         };
         let field = match &remote.dialect {
-            Dialect::Ragen => field,
+            Dialect::Ragen => "action".to_string(),
             Dialect::OpenEnv { field } => field.clone(),
         };
         Ok(Self {
@@ -298,6 +299,7 @@ impl RemoteEnvs {
         let State { servers, seeds } = &mut *state;
         let how = How {
             kind,
+            field: &self.field,
             reset,
             options: &self.address.options,
             token: self.token.as_deref(),
@@ -351,6 +353,8 @@ impl RemoteEnvs {
 /// What every call of a batch shares.
 struct How<'a> {
     kind: &'a str,
+    /// The action model's one field, over `/ws`.
+    field: &'a str,
     reset: bool,
     options: &'a RemoteOptions,
     token: Option<&'a str>,
@@ -372,7 +376,8 @@ async fn per_env(sessions: &mut [Session], endpoint: &Endpoint, calls: Vec<(usiz
     }
     let each = sessions.iter_mut().zip(by_member).enumerate().filter_map(|(member, (session, call))| {
         let (pos, item) = call?;
-        let data = if how.reset { json!({"seed": item}) } else { item };
+        // `/ws` takes OpenEnv's request models: `{"seed": …}`, `{FIELD: action}`.
+        let data = if how.reset { json!({"seed": item}) } else { json!({how.field: item}) };
         let frame = json!({"type": how.kind, "data": data});
         Some(async move {
             let answer = session.call(link, frame, "observation", how.reset).await;
@@ -424,7 +429,7 @@ impl Envs for RemoteEnvs {
         }
         let mut calls = Vec::with_capacity(env_ids.len());
         for (&env, action) in env_ids.iter().zip(actions) {
-            let value = match action {
+            let item = match action {
                 Action::Id(id) => {
                     let name = self
                         .names
@@ -433,11 +438,6 @@ impl Envs for RemoteEnvs {
                     Value::String(name.clone())
                 }
                 Action::Text(text) => Value::String(text.clone()),
-            };
-            // Over `/ws` the item is the action model; batched, the action itself.
-            let item = match self.state.lock().unwrap_or_else(|e| e.into_inner()).servers[env % self.address.endpoints.len()].channel {
-                Channel::PerEnv(_) => json!({self.field.as_str(): value}),
-                Channel::Batched(_) => value,
             };
             calls.push(Call { env, item });
         }

@@ -125,16 +125,8 @@ pub fn step_of(data: &Value, dialect: &Dialect, metric_names: &[String]) -> Resu
     let flag = |k: &str| observation.get(k).and_then(Value::as_bool);
     let (text, info) = match dialect {
         Dialect::Ragen => {
-            let text = observation.get("text").and_then(Value::as_str).ok_or("the observation has no `text`")?.to_string();
-            let metrics = observation.get("metrics").and_then(Value::as_object);
-            let metrics = metric_names.iter().map(|m| metrics.and_then(|ms| ms.get(m)).and_then(Value::as_f64).unwrap_or(0.0)).collect();
-            let info = StepInfo {
-                success: flag("success").unwrap_or(false),
-                action_is_valid: flag("action_is_valid").unwrap_or(true),
-                action_is_effective: flag("action_is_effective").unwrap_or(true),
-                metrics,
-            };
-            (text, info)
+            let o = RagenObservation::deserialize(&data["observation"]).map_err(|e| format!("the observation does not read: {e}"))?;
+            o.into_step(metric_names)
         }
         Dialect::OpenEnv { .. } => {
             let success = flag("success")
@@ -144,6 +136,32 @@ pub fn step_of(data: &Value, dialect: &Dialect, metric_names: &[String]) -> Resu
         }
     };
     Ok(PoolStep { observation: text, reward, done, info, autoreset: None })
+}
+
+/// ragen-host's observation (`ragen_serve::protocol::observation`): the
+/// plugin's text and step info, metrics by name.
+#[derive(Deserialize)]
+struct RagenObservation {
+    text: String,
+    success: Option<bool>,
+    action_is_valid: Option<bool>,
+    action_is_effective: Option<bool>,
+    #[serde(default)]
+    metrics: HashMap<String, Option<f64>>,
+}
+
+impl RagenObservation {
+    /// The text, and the step info with the metrics in the spec's order.
+    fn into_step(self, metric_names: &[String]) -> (String, StepInfo) {
+        let metrics = metric_names.iter().map(|m| self.metrics.get(m).copied().flatten().unwrap_or(0.0)).collect();
+        let info = StepInfo {
+            success: self.success.unwrap_or(false),
+            action_is_valid: self.action_is_valid.unwrap_or(true),
+            action_is_effective: self.action_is_effective.unwrap_or(true),
+            metrics,
+        };
+        (self.text, info)
+    }
 }
 
 /// A batched answer (`/ragen/batch`), decoded straight into each env's
@@ -156,19 +174,10 @@ pub fn batch_answer(text: &str, count: usize, metric_names: &[String]) -> Result
     }
     #[derive(Deserialize)]
     struct Item {
-        observation: Option<Observation>,
+        observation: Option<RagenObservation>,
         reward: Option<f64>,
         done: Option<bool>,
         error: Option<ErrorItem>,
-    }
-    #[derive(Deserialize)]
-    struct Observation {
-        text: String,
-        success: Option<bool>,
-        action_is_valid: Option<bool>,
-        action_is_effective: Option<bool>,
-        #[serde(default)]
-        metrics: HashMap<String, Option<f64>>,
     }
     #[derive(Deserialize)]
     struct ErrorItem {
@@ -201,14 +210,8 @@ pub fn batch_answer(text: &str, count: usize, metric_names: &[String]) -> Result
             if !reward.is_finite() {
                 return Err(CallError::Invalid(format!("the reward {reward} is not a finite number")));
             }
-            let metrics = metric_names.iter().map(|m| o.metrics.get(m).copied().flatten().unwrap_or(0.0)).collect();
-            let info = StepInfo {
-                success: o.success.unwrap_or(false),
-                action_is_valid: o.action_is_valid.unwrap_or(true),
-                action_is_effective: o.action_is_effective.unwrap_or(true),
-                metrics,
-            };
-            Ok(PoolStep { observation: o.text, reward, done: item.done.unwrap_or(false), info, autoreset: None })
+            let (observation, info) = o.into_step(metric_names);
+            Ok(PoolStep { observation, reward, done: item.done.unwrap_or(false), info, autoreset: None })
         })
         .collect())
 }

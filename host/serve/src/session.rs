@@ -132,10 +132,10 @@ impl Session {
         self.finish_step(envs, result, start)
     }
 
-    /// A batched session's calls: each session's work goes to the stepping
-    /// thread in one job (so a frame of a thousand envs costs one message,
-    /// not a thousand), and each answer is booked as [`reset`](Self::reset)
-    /// and [`step`](Self::step) book theirs.
+    /// A batched session's calls: all handed to the stepping thread at
+    /// once and answered together (one wake-up of this task, not one
+    /// future per env), each answer booked as [`reset`](Self::reset) and
+    /// [`step`](Self::step) book theirs.
     pub async fn call_many(envs: &Envs, calls: Vec<(&mut Session, EnvRequest)>) -> Vec<Result<PoolStep, ProtocolError>> {
         let mut out: Vec<Option<Result<PoolStep, ProtocolError>>> = Vec::with_capacity(calls.len());
         let mut jobs = Vec::new();
@@ -147,8 +147,9 @@ impl Session {
             };
             match work {
                 Ok(work) => {
+                    let reset = matches!(work, Work::Reset(_));
                     jobs.push((session.slot.id, work));
-                    pending.push((pos, session));
+                    pending.push((pos, session, reset));
                     out.push(None);
                 }
                 Err(e) => out.push(Some(Err(e))),
@@ -156,10 +157,10 @@ impl Session {
         }
         let start = Instant::now();
         let results = envs.stepper.call_many(jobs).await;
-        for ((pos, session), (work, result)) in pending.into_iter().zip(results) {
-            out[pos] = Some(match work {
-                Work::Reset(_) => session.finish_reset(envs, result),
-                Work::Step(_) => session.finish_step(envs, result, start),
+        for ((pos, session, reset), result) in pending.into_iter().zip(results) {
+            out[pos] = Some(match reset {
+                true => session.finish_reset(envs, result),
+                false => session.finish_step(envs, result, start),
             });
         }
         out.into_iter().map(|o| o.expect("every call answered")).collect()

@@ -46,11 +46,9 @@ enum ReplyTo {
     Many(Arc<ManyReplies>, usize),
 }
 
-/// A batch's answers, sent back in one message when the last one is in.
-struct ManyReplies {
-    answers: std::sync::Mutex<(Vec<Option<Reply>>, usize)>,
-    done: std::sync::Mutex<Option<oneshot::Sender<Vec<Reply>>>>,
-}
+/// A batch's answers, sent back in one message when the last one is in:
+/// the answers so far, how many are still due, and where they all go.
+type ManyReplies = std::sync::Mutex<(Vec<Option<Reply>>, usize, Option<oneshot::Sender<Vec<Reply>>>)>;
 
 impl ReplyTo {
     fn send(self, reply: Reply) {
@@ -60,14 +58,14 @@ impl ReplyTo {
                 let _ = tx.send(reply);
             }
             Self::Many(many, i) => {
-                let mut answers = many.answers.lock().unwrap_or_else(|e| e.into_inner());
-                answers.0[i] = Some(reply);
-                answers.1 -= 1;
-                if answers.1 == 0 {
-                    let all = answers.0.iter_mut().map(|a| a.take().expect("every item answered")).collect();
-                    if let Some(tx) = many.done.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                        let _ = tx.send(all);
-                    }
+                let mut many = many.lock().unwrap_or_else(|e| e.into_inner());
+                let (answers, due, done) = &mut *many;
+                answers[i] = Some(reply);
+                *due -= 1;
+                if *due == 0
+                    && let Some(tx) = done.take()
+                {
+                    let _ = tx.send(answers.iter_mut().map(|a| a.take().expect("every item answered")).collect());
                 }
             }
         }
@@ -99,28 +97,21 @@ impl Stepper {
     }
 
     /// Run every `(slot, work)` and wait for all of them; the answers in
-    /// order, each with its work.
-    pub async fn call_many(&self, calls: Vec<(usize, Work)>) -> Vec<(Work, Reply)> {
-        if calls.is_empty() {
+    /// order.
+    pub async fn call_many(&self, calls: Vec<(usize, Work)>) -> Vec<Reply> {
+        let n = calls.len();
+        if n == 0 {
             return Vec::new();
         }
         let (tx, rx) = oneshot::channel();
-        let many = Arc::new(ManyReplies {
-            answers: std::sync::Mutex::new(((0..calls.len()).map(|_| None).collect(), calls.len())),
-            done: std::sync::Mutex::new(Some(tx)),
-        });
-        let works: Vec<Work> = calls.iter().map(|(_, w)| w.clone()).collect();
+        let many = Arc::new(std::sync::Mutex::new(((0..n).map(|_| None).collect(), n, Some(tx))));
         for (i, (slot, work)) in calls.into_iter().enumerate() {
             if self.jobs.send(Job { slot, work, reply: ReplyTo::Many(many.clone(), i) }).is_err() {
-                let stopped = || Err(CallError::Pool("the stepping thread has stopped".into()));
-                return works.into_iter().map(|w| (w, stopped())).collect();
+                return (0..n).map(|_| Err(CallError::Pool("the stepping thread has stopped".into()))).collect();
             }
         }
         drop(many);
-        match rx.await {
-            Ok(answers) => works.into_iter().zip(answers).collect(),
-            Err(_) => works.into_iter().map(|w| (w, Err(CallError::Pool("the stepping thread dropped a call".into())))).collect(),
-        }
+        rx.await.unwrap_or_else(|_| (0..n).map(|_| Err(CallError::Pool("the stepping thread dropped a call".into()))).collect())
     }
 }
 
