@@ -353,8 +353,8 @@ async fn batch_loop(app: Arc<App>, mut sessions: Vec<Session>, mut socket: WebSo
     debug!("batched session closed");
 }
 
-/// Every call of a batched frame in one job for the stepping thread; the
-/// answers in the frame's order.
+/// Every call of a batched frame handed to the stepping thread together
+/// and answered together; the answers in the frame's order.
 async fn answer_batch(app: &App, sessions: &mut [Session], calls: Vec<(usize, Result<ClientMessage, ProtocolError>)>) -> String {
     let mut by_env: Vec<Option<(usize, EnvRequest)>> = (0..sessions.len()).map(|_| None).collect();
     let mut results: Vec<(Result<PoolStep, ProtocolError>, bool)> = Vec::with_capacity(calls.len());
